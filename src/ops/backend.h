@@ -1,0 +1,171 @@
+// The op interface every backend implements (ARCHITECTURE rules 1-3). The model calls only these.
+// Each op documents shapes, dtypes and aliasing; the CPU backend is the executable specification.
+// A backend is a complete set of ops: every method is pure virtual, so a backend that misses one
+// cannot be instantiated (a build failure, never a runtime "op not found").
+//
+// Conventions: T = tokens in the step (all sequences flattened), S = sequences, H = heads local to
+// this rank, V = vocabulary rows held by this rank. Activations are F32 on the CPU backend (other
+// backends may also accept BF16 where documented). "[T, D] strided" means rows may have any
+// stride but the last dim is contiguous.
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "core/tensor.h"
+#include "ops/weight.h"
+
+namespace mla::ops {
+
+// RoPE frequencies for the rotated dims of q and k. Rotation is over interleaved pairs
+// (x[2i], x[2i+1]) by angle pos * inv_freq[i], the layout DeepSeek/Kimi checkpoints use.
+struct RopeTable {
+  TensorView inv_freq;           // F32 [rope_dim / 2], in backend memory (YaRN already applied)
+  float attention_factor = 1.0f;  // multiplies cos and sin (YaRN m(s,mscale)/m(s,mscale_all_dim))
+};
+
+// Head geometry of one MLA layer on this rank.
+struct MlaDims {
+  int num_heads = 0;         // H: query heads on this rank
+  int qk_nope_head_dim = 0;  // d_n
+  int qk_rope_head_dim = 0;  // d_r
+  int v_head_dim = 0;        // d_v
+  int kv_lora_rank = 0;      // r
+  float softmax_scale = 0;   // applied to q.k before softmax (includes YaRN mscale^2)
+  int kv_dim() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
+// Where each sequence's tokens and cache live for one forward step; shared by all layers.
+// The cache of a layer is [num_blocks, block_size, kv_dim]; slot = block_id * block_size + offset.
+// Invariant: the new tokens of sequence s occupy absolute positions [kv_len - q_len, kv_len), and a
+// query at absolute position p attends to cache positions [0, p] (causal).
+struct AttentionBatch {
+  int num_seqs = 0;          // S
+  int block_size = 0;        // tokens per cache block
+  TensorView q_indptr;       // I32 [S+1]: the query rows of seq s are [q_indptr[s], q_indptr[s+1])
+  TensorView kv_lens;        // I32 [S]: cached tokens of seq s after this step's writes
+  TensorView block_indptr;   // I32 [S+1]: blocks of seq s are block_ids[block_indptr[s] ..)
+  TensorView block_ids;      // I32 [total blocks]
+  TensorView slot_mapping;   // I32 [T]: cache slot written by each new token
+  // Host mirrors of q_indptr / kv_lens / block_indptr / block_ids for backends that plan on the host
+  // (always host memory, same contents).
+  std::span<const int32_t> host_q_indptr, host_kv_lens, host_block_indptr, host_block_ids;
+};
+
+// DeepSeek-V3 router parameters (sigmoid scoring, noaux_tc).
+struct MoeRouting {
+  int top_k = 0;                       // num_experts_per_tok
+  int n_group = 1;                     // expert groups (contiguous ranges of experts)
+  int topk_group = 1;                  // groups kept per token
+  bool norm_topk_prob = true;          // renormalize the k selected weights to sum to 1
+  float routed_scaling_factor = 1.0f;  // multiplies the final routed weights
+};
+
+// One routed or shared expert: down(silu(gate x) * up x).
+struct ExpertWeights {
+  Weight gate_proj;  // [I, hidden]
+  Weight up_proj;    // [I, hidden]
+  Weight down_proj;  // [hidden, I]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // ---- memory (start-up only; never on the hot path) -------------------------------------------
+  // Zero-filled device memory.
+  virtual Buffer alloc(size_t bytes) = 0;
+  // Makes a host tensor (e.g. an mmapped checkpoint tensor) usable by ops. The CPU backend returns
+  // the same view (zero copy); device backends copy it into memory they own for their lifetime.
+  virtual TensorView place_weight(const TensorView& host) = 0;
+  // dst (backend memory, contiguous) <- src (host, same bytes).
+  virtual void copy_from_host(const TensorView& dst, const void* src) = 0;
+  // dst (host) <- src (backend memory, contiguous).
+  virtual void copy_to_host(void* dst, const TensorView& src) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- elementwise and normalization ------------------------------------------------------------
+  // out[t,:] = table[ids[t], :]. ids I32 [T]; table [V, D] BF16/F32; out F32 [T, D].
+  // Precondition: 0 <= ids[t] < V (checked). Also the row gather of activations (F32 table).
+  virtual void embedding(const TensorView& ids, const TensorView& table, const TensorView& out) = 0;
+  // out = weight * x / sqrt(mean(x^2) + eps) per row, statistics in fp32. x, out F32 [T, D]
+  // strided; weight [D] BF16/F32. out may alias x.
+  virtual void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) = 0;
+  // residual += x; out = rms_norm(residual). residual, x, out F32 [T, D]. out may alias x.
+  virtual void add_rms_norm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                            const TensorView& out) = 0;
+  // dst = src, elementwise. F32, same shape, any strides (inner dims may be strided too); must not
+  // overlap unless identical.
+  virtual void copy(const TensorView& src, const TensorView& dst) = 0;
+  // out = a + b. F32, same shape; out may alias a or b.
+  virtual void add(const TensorView& a, const TensorView& b, const TensorView& out) = 0;
+  // out = silu(gate) * up. F32 [T, I] strided; out may alias gate.
+  virtual void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& out) = 0;
+  // In place: rotates x[t, h, 2i], x[t, h, 2i+1] by angle positions[t] * inv_freq[i] (angle in fp32),
+  // cos/sin scaled by rope.attention_factor. x F32 [T, n, rope_dim] with inner dim contiguous
+  // (rows and heads may be strided); positions I32 [T].
+  virtual void rope(const TensorView& x, const TensorView& positions, const RopeTable& rope) = 0;
+
+  // ---- GEMM -------------------------------------------------------------------------------------
+  // out = x W^T. x F32 [T, in] strided; out F32 [T, out] strided, must not alias x.
+  // Any WeightFormat; dequantization happens inside (no whole-weight inflation).
+  virtual void linear(const TensorView& x, const Weight& w, const TensorView& out) = 0;
+
+  // ---- MLA attention over the paged latent cache ------------------------------------------------
+  // cache[slot_mapping[t], :] = latent[t, :]. latent F32 [T, kv_dim] strided (rows = [c_kv | k_rope],
+  // k_rope already rotated); cache F32 [num_blocks, block_size, kv_dim].
+  virtual void kv_cache_write(const TensorView& latent, const TensorView& slot_mapping, const TensorView& cache) = 0;
+  // Naive (decompressed) MLA: for each cached token, k_nope[h] = W_UK[h] c and v[h] = W_UV[h] c with
+  // kv_b_proj [H*(d_n+d_v), r] (per head: d_n rows W_UK then d_v rows W_UV); key = [k_nope | k_rope].
+  // out[t,h,:] = sum_j softmax_j(scale * q[t,h,:].key_j) v_j[h], causal per AttentionBatch, fp32.
+  // q F32 [T, H, d_n+d_r] (rope applied); out F32 [T, H, d_v].
+  virtual void mla_attention_naive(const TensorView& q, const TensorView& cache, const Weight& kv_b_proj,
+                                   const AttentionBatch& batch, const MlaDims& dims, const TensorView& out) = 0;
+  // Absorption of W_UK into the query: out[t,h,:] = W_UK[h]^T q_nope[t,h,:].
+  // q_nope F32 [T, H, d_n] strided; out F32 [T, H, r] strided (may be a slice of a wider buffer).
+  virtual void mla_absorb_q(const TensorView& q_nope, const Weight& kv_b_proj, const MlaDims& dims,
+                            const TensorView& out) = 0;
+  // Absorbed MLA (MQA over the latent): one shared KV head, key = cache row [c | k_rope] (kv_dim),
+  // value = c (first r). q F32 [T, H, kv_dim] = [W_UK^T q_nope | q_rope]; out F32 [T, H, r].
+  virtual void mla_attention_absorbed(const TensorView& q, const TensorView& cache, const AttentionBatch& batch,
+                                      const MlaDims& dims, const TensorView& out) = 0;
+  // out[t,h,:] = W_UV[h] o_latent[t,h,:]. o_latent F32 [T, H, r]; out F32 [T, H, d_v].
+  virtual void mla_expand_v(const TensorView& o_latent, const Weight& kv_b_proj, const MlaDims& dims,
+                            const TensorView& out) = 0;
+
+  // ---- MoE --------------------------------------------------------------------------------------
+  // DeepSeek-V3 noaux_tc routing. router_logits F32 [T, E]; bias F32 [E] or empty.
+  // s = sigmoid(logits); b = s + bias (selection only); with n_group > 1, group score = sum of the
+  // group's top-2 b, the best topk_group groups are kept and other experts excluded (-inf);
+  // ids = top_k of b (descending); w = s[ids], renormalized by (sum + 1e-20) if norm_topk_prob,
+  // times routed_scaling_factor. topk_ids I32 [T, k]; topk_weights F32 [T, k].
+  virtual void moe_route(const TensorView& router_logits, const TensorView& bias, const MoeRouting& routing,
+                         const TensorView& topk_ids, const TensorView& topk_weights) = 0;
+  // out[t] = sum_k topk_weights[t,k] * expert(topk_ids[t,k])(x[t]), accumulated in fp32.
+  // x F32 [T, hidden]; out F32 [T, hidden], must not alias x. experts[e] is the weight set of global
+  // expert e; an expert with empty weights is not held by this rank and contributes 0.
+  virtual void moe_experts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                           std::span<const ExpertWeights> experts, const TensorView& out) = 0;
+
+  // ---- sampling (rows are independent; B = rows) ------------------------------------------------
+  // probs = softmax(logits / temperature[b]) per row, fp32. temperature F32 [B] > 0.
+  virtual void softmax(const TensorView& logits, const TensorView& temperature, const TensorView& probs) = 0;
+  // Keeps every p >= the k-th largest of the row (ties at the pivot all kept), zeroes the rest and
+  // renormalizes. top_k I32 [B]; k <= 0 or k >= V keeps the row unchanged. probs/out F32 [B, V];
+  // out may alias probs.
+  virtual void top_k_renorm_prob(const TensorView& probs, const TensorView& top_k, const TensorView& out) = 0;
+  // Keeps the smallest set of largest probabilities whose sum reaches top_p[b] (the boundary token is
+  // kept; ties at the boundary value kept together), zeroes the rest, renormalizes. top_p F32 [B] in
+  // (0, 1]; 1 keeps the row unchanged.
+  virtual void top_p_renorm_prob(const TensorView& probs, const TensorView& top_p, const TensorView& out) = 0;
+  // Keeps p >= min_p[b] * max(p), renormalizes. min_p F32 [B] in [0, 1]; 0 keeps the row unchanged.
+  virtual void min_p_renorm_prob(const TensorView& probs, const TensorView& min_p, const TensorView& out) = 0;
+  // out_ids[b] = smallest i with cumsum(probs[b])[i] > uniforms[b] * sum(probs[b]) (inverse CDF);
+  // never returns a zero-probability index. uniforms F32 [B] in [0, 1); out_ids I32 [B].
+  virtual void sample_from_probs(const TensorView& probs, const TensorView& uniforms, const TensorView& out_ids) = 0;
+  // out_ids[b] = index of the maximum of row b (lowest index on ties). logits F32 [B, V].
+  virtual void argmax(const TensorView& logits, const TensorView& out_ids) = 0;
+};
+
+}  // namespace mla::ops
