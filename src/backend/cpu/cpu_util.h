@@ -1,0 +1,77 @@
+// Internal helpers of the CPU backend: argument checks shared by every op and the grow-once scratch
+// rule. Checks are MLA_CHECK (a bad shape or id is a caller bug, never untrusted input).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mla::cpu {
+
+// Grows `v` to at least `n` elements and never shrinks it: after the first call at the largest size,
+// no op allocates again (STYLE 5).
+template <typename T> T* grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+// A view of `dtype` and rank `ndim` whose last dim is contiguous (rows may be strided).
+inline void check_view(const TensorView& v, DType dtype, int ndim, const char* what) {
+  MLA_CHECK(v.data != nullptr || v.numel() == 0, "{}: null data", what);
+  MLA_CHECK(v.dtype == dtype, "{}: dtype {} (want {})", what, v.describe(), dtype_name(dtype));
+  MLA_CHECK(v.ndim == ndim, "{}: {} has rank {} (want {})", what, v.describe(), v.ndim, ndim);
+  MLA_CHECK(v.inner_contiguous(), "{}: last dim of {} is strided", what, v.describe());
+}
+
+// An I32 or F32 vector [n] (contiguous or not).
+inline void check_vector(const TensorView& v, DType dtype, int64_t n, const char* what) {
+  MLA_CHECK(v.dtype == dtype && v.ndim == 1 && v.dim(0) == n, "{}: {} (want {}[{}])", what, v.describe(),
+            dtype_name(dtype), n);
+  MLA_CHECK(v.data != nullptr || n == 0, "{}: null data", what);
+}
+
+// Element i of a 1-D I32 view.
+inline int32_t i32_at(const TensorView& v, int64_t i) { return *v.at<const int32_t>(i); }
+// Element i of a 1-D F32 view.
+inline float f32_at(const TensorView& v, int64_t i) { return *v.at<const float>(i); }
+
+// Element i of a 1-D BF16 or F32 view (norm weights, embedding rows).
+inline float load_bf16_or_f32(const TensorView& v, int64_t i) {
+  return v.dtype == DType::F32 ? *v.at<const float>(i) : bf16_to_f32(*v.at<const uint16_t>(i));
+}
+
+// A cheap bug catcher for the "must not alias" preconditions: true when both views start at the same
+// address, or both are contiguous and their byte ranges intersect. Disjoint strided views of one
+// buffer (e.g. column slices of a shared workspace) are legal and are not flagged.
+inline bool views_alias(const TensorView& a, const TensorView& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  if (a.data == b.data) return true;
+  if (!a.is_contiguous() || !b.is_contiguous()) return false;
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// fp32 dot product with 16 interleaved partial sums (lane k sums the terms i = k mod 16), added
+// pairwise at the end. The independent sums let the compiler use several vector accumulators, so
+// the loop is not bound by one add's latency; the summation order is fixed, hence deterministic.
+inline float dot(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = 16;
+  float lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int k = 0; k < kLanes; ++k) lane[k] += a[i + k] * b[i + k];
+  for (int k = 0; i + k < n; ++k) lane[k] += a[i + k] * b[i + k];
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int k = 0; k < width; ++k) lane[k] += lane[k + width];
+  return lane[0];
+}
+
+// y[i] += a * x[i] (vectorized; no reduction, so bit-identical to the plain loop).
+inline void axpy(float a, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace mla::cpu
