@@ -1,0 +1,154 @@
+// `mlaserve generate`: load a model, prefill a prompt of token ids, decode, print ids and speed.
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/commands.h"
+#include "cli/progress_bar.h"
+#include "model/deepseek_v3.h"
+#include "runtime/offline_engine.h"
+
+namespace mla::cli {
+
+namespace {
+
+struct GenerateArgs {
+  std::string model;
+  std::string prompt_ids;
+  int max_tokens = 16;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  std::optional<uint64_t> seed;
+  bool json = false;
+  bool logits = false;
+  bool ignore_eos = false;
+  int max_tokens_per_step = 256;
+  std::string mla_path = "auto";
+};
+
+Result<std::vector<int32_t>> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      const long v = std::stol(item, &used);
+      if (used != item.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(item);
+      ids.push_back(int32_t(v));
+    } catch (const std::exception&) {
+      return error("--prompt-ids: '{}' is not a non-negative integer", item);
+    }
+  }
+  if (ids.empty()) return error("--prompt-ids: no token ids given");
+  return ids;
+}
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "mlaserve generate: %s\n", msg.c_str());
+  return 1;
+}
+
+// True when the checkpoint says its weights were written by make-model (random values).
+bool has_random_weights(const io::Checkpoint& ckpt) {
+  for (const io::SafetensorsFile& f : ckpt.files()) {
+    auto it = f.metadata().find("generator");
+    if (it != f.metadata().end() && it->second.find("random") != std::string::npos) return true;
+  }
+  return false;
+}
+
+int run_generate(const GenerateArgs& a) {
+  Result<std::vector<int32_t>> prompt = parse_ids(a.prompt_ids);
+  if (!prompt) return fail(prompt.status().message());
+  std::unique_ptr<ops::Backend> backend = cpu::make_cpu_backend();
+  dist::SingleProcessCommunicator comm;
+  model::ModelLimits limits;
+  limits.max_tokens = std::max(1, a.max_tokens_per_step);
+  limits.max_seqs = 1;
+  ProgressBar bar("loading " + a.model);
+  Result<std::unique_ptr<model::DeepseekV3>> m = model::DeepseekV3::load(
+      a.model, *backend, limits, comm, [&bar](uint64_t done, uint64_t total) { bar.update(done, total); });
+  if (!m) return fail(m.status().message());
+  model::DeepseekV3& mdl = **m;
+  const bool random_weights = has_random_weights(mdl.checkpoint());
+
+  runtime::GenerationRequest req;
+  req.prompt = *prompt;
+  req.max_tokens = a.max_tokens;
+  req.sampling = {a.temperature, a.top_k, a.top_p, a.min_p, a.seed};
+  if (!a.ignore_eos) req.stop_token_ids = mdl.config().eos_token_id;
+  runtime::EngineOptions opt;
+  opt.max_tokens_per_step = limits.max_tokens;
+  opt.capture_prompt_logits = a.logits;
+  opt.mla_path = a.mla_path == "naive" ? model::MlaPath::Naive
+                 : a.mla_path == "absorbed" ? model::MlaPath::Absorbed : model::MlaPath::Auto;
+  runtime::EngineStats stats;
+  Result<std::vector<runtime::GenerationResult>> res = runtime::generate(mdl, *backend, {req}, opt, &stats);
+  if (!res) return fail(res.status().message());
+  const runtime::GenerationResult& r = res->front();
+  const double prefill_tps = stats.prefill_seconds > 0 ? double(stats.prompt_tokens) / stats.prefill_seconds : 0;
+  // The first generated token comes out of the prefill step; decode steps make the rest.
+  const int64_t decoded = std::max<int64_t>(0, stats.generated_tokens - 1);
+  const double decode_tps = stats.decode_seconds > 0 ? double(decoded) / stats.decode_seconds : 0;
+
+  if (a.json) {
+    nlohmann::json j;
+    j["tokens"] = r.tokens;
+    j["finish_reason"] = r.finish_reason;
+    j["prompt_tokens"] = stats.prompt_tokens;
+    j["random_weights"] = random_weights;
+    j["timing"] = {{"prefill_seconds", stats.prefill_seconds}, {"decode_seconds", stats.decode_seconds},
+                   {"prefill_tokens_per_second", prefill_tps}, {"decode_tokens_per_second", decode_tps},
+                   {"time_to_first_token_seconds", r.time_to_first_token_s}};
+    if (a.logits) j["last_logits"] = r.prompt_logits;
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  if (random_weights)
+    std::printf("NOTE: this model's weights are RANDOM (written by `mlaserve make-model`): the tokens below are "
+                "not meaningful text; they show the engine running.\n");
+  std::printf("model: %s (%s, %d layers, %d heads, %d routed experts, %lld params)\n", a.model.c_str(),
+              mdl.config().model_type.c_str(), mdl.config().num_hidden_layers, mdl.config().num_attention_heads,
+              mdl.config().n_routed_experts, static_cast<long long>(io::parameter_count(mdl.config())));
+  std::printf("prompt ids (%zu):", prompt->size());
+  for (int32_t t : *prompt) std::printf(" %d", t);
+  std::printf("\ngenerated ids (%zu, finish: %s):", r.tokens.size(), r.finish_reason.c_str());
+  for (int32_t t : r.tokens) std::printf(" %d", t);
+  std::printf("\nprefill: %.1f tok/s (%lld tokens in %.1f ms); decode: %.1f tok/s (%lld tokens in %.1f ms); "
+              "backend: %s\n",
+              prefill_tps, static_cast<long long>(stats.prompt_tokens), stats.prefill_seconds * 1e3, decode_tps,
+              static_cast<long long>(decoded), stats.decode_seconds * 1e3, std::string(backend->name()).c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command add_generate_command(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* sub = app.add_subcommand("generate", "Prefill a prompt of token ids, decode, and print the generated ids and speed");
+  sub->add_option("--model", a->model, "Model directory (config.json + safetensors)")->required();
+  sub->add_option("--prompt-ids", a->prompt_ids, "Comma-separated prompt token ids, e.g. 1,2,3")->required();
+  sub->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->capture_default_str();
+  sub->add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
+  sub->add_option("--top-k", a->top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
+  sub->add_option("--top-p", a->top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
+  sub->add_option("--min-p", a->min_p, "Drop tokens below min_p * max prob (0 = off)")->capture_default_str();
+  sub->add_option("--seed", a->seed, "Seed of this request's generator");
+  sub->add_flag("--json", a->json, "Print one JSON object (tokens, timing)");
+  sub->add_flag("--logits", a->logits, "With --json: include last_logits, the fp32 logits at the last prompt position");
+  sub->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at the model's eos token");
+  sub->add_option("--max-tokens-per-step", a->max_tokens_per_step, "Token budget of one step (chunked prefill)")
+      ->capture_default_str();
+  sub->add_option("--mla-path", a->mla_path, "MLA formulation: auto, naive or absorbed")
+      ->check(CLI::IsMember({"auto", "naive", "absorbed"}))
+      ->capture_default_str();
+  return {sub, [a] { return run_generate(*a); }};
+}
+
+}  // namespace mla::cli

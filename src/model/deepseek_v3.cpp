@@ -1,0 +1,284 @@
+#include "model/deepseek_v3.h"
+
+#include <algorithm>
+
+#include "io/checkpoint.h"
+#include "model/rope_yarn.h"
+
+namespace mla::model {
+
+namespace {
+// q_a_layernorm and kv_a_layernorm are built with the module default eps in both references, not
+// rms_norm_eps (MODELS.md §1.3; confirmed by the golden fixtures' recorded HF values).
+constexpr float kLatentNormEps = 1e-6f;
+}  // namespace
+
+// Activation buffers for `limits.max_tokens` rows, allocated once at load (ARCHITECTURE rule 4);
+// a step uses the first T rows of each.
+struct DeepseekV3::Workspace {
+  std::vector<Buffer> owned;
+  // Step inputs in backend memory.
+  TensorView ids, positions, q_indptr, kv_lens, block_indptr, block_ids, slots, logits_rows;
+  // Host staging for the same (and the host mirrors the attention ops plan with).
+  std::vector<int32_t> h_q_indptr, h_kv_lens, h_block_indptr, h_block_ids, h_slots;
+  // Activations, F32.
+  TensorView hidden;      // {T, hidden}: the residual stream
+  TensorView normed;      // {T, hidden}: input of the current sub-block
+  TensorView attn_proj;   // {T, hidden}: o_proj output
+  TensorView ffn_out;     // {T, hidden}: MLP / MoE output
+  TensorView shared_out;  // {T, hidden}: shared-expert output
+  TensorView q_latent;    // {T, q_lora_rank}
+  TensorView q;           // {T, H*(d_n+d_r)}
+  TensorView kv;          // {T, r+d_r}: [c_kv | k_rope] rows, exactly the cache row layout
+  TensorView q_absorbed;  // {T, H, r+d_r}
+  TensorView o_latent;    // {T, H, r}
+  TensorView attn_out;    // {T, H*d_v}
+  TensorView gate, up;    // {T, widest MLP}
+  TensorView router_logits;                 // {T, E}
+  TensorView topk_ids, topk_weights;        // {T, k}
+  TensorView final_rows;                    // {T, hidden}: rows gathered for lm_head
+
+  TensorView make(ops::Backend& b, DType t, std::initializer_list<int64_t> dims) {
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    owned.push_back(b.alloc(size_t(std::max<int64_t>(n, 1)) * dtype_size(t)));
+    return owned.back().view(t, dims);
+  }
+};
+
+DeepseekV3::DeepseekV3(io::ModelConfig cfg, ops::Backend& backend, dist::Communicator& comm,
+                       const ModelLimits& limits)
+    : cfg_(std::move(cfg)), backend_(backend), comm_(comm), limits_(limits) {}
+
+DeepseekV3::~DeepseekV3() = default;
+
+Result<std::unique_ptr<DeepseekV3>> DeepseekV3::load(const std::string& model_dir, ops::Backend& backend,
+                                                     const ModelLimits& limits, dist::Communicator& comm,
+                                                     const LoadProgress& progress) {
+  MLA_ASSIGN_OR_RETURN(io::ModelConfig cfg, io::load_model_config(model_dir));
+  MLA_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(model_dir));
+  if (limits.max_tokens <= 0 || limits.max_seqs <= 0 || limits.max_block_entries <= 0)
+    return error("model limits must be positive");
+  std::unique_ptr<DeepseekV3> m(new DeepseekV3(std::move(cfg), backend, comm, limits));
+  m->checkpoint_ = std::make_unique<io::Checkpoint>(std::move(ckpt));
+  const dist::ParallelPlan plan{comm.rank(), comm.world_size()};
+  const uint64_t total = m->checkpoint_->total_bytes();
+  PlacedBytes on_placed;
+  if (progress) on_placed = [&progress, total](uint64_t done) { progress(std::min(done, total), total); };
+  MLA_ASSIGN_OR_RETURN(m->weights_, load_deepseek_v3_weights(m->cfg_, *m->checkpoint_, backend, plan, on_placed));
+  if (progress) progress(total, total);  // tensors the model does not use (e.g. MTP) count as done
+
+  const io::ModelConfig& c = m->cfg_;
+  m->dims_ = ops::MlaDims{plan.local_heads(c.num_attention_heads), c.qk_nope_head_dim, c.qk_rope_head_dim,
+                          c.v_head_dim, c.kv_lora_rank, mla_softmax_scale(c)};
+  m->routing_ = ops::MoeRouting{c.num_experts_per_tok, c.n_group, c.topk_group, c.norm_topk_prob,
+                                float(c.routed_scaling_factor)};
+
+  auto ws = std::make_unique<Workspace>();
+  const int64_t T = limits.max_tokens, S = limits.max_seqs, hid = c.hidden_size, H = m->dims_.num_heads;
+  const int64_t r = c.kv_lora_rank, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
+  const std::vector<float> inv_freq = rope_inv_freq(c);
+  TensorView inv = ws->make(backend, DType::F32, {int64_t(inv_freq.size())});
+  backend.copy_from_host(inv, inv_freq.data());
+  m->rope_ = ops::RopeTable{inv, rope_attention_factor(c)};
+
+  ws->ids = ws->make(backend, DType::I32, {T});
+  ws->positions = ws->make(backend, DType::I32, {T});
+  ws->q_indptr = ws->make(backend, DType::I32, {S + 1});
+  ws->kv_lens = ws->make(backend, DType::I32, {S});
+  ws->block_indptr = ws->make(backend, DType::I32, {S + 1});
+  ws->block_ids = ws->make(backend, DType::I32, {limits.max_block_entries});
+  ws->slots = ws->make(backend, DType::I32, {T});
+  ws->logits_rows = ws->make(backend, DType::I32, {T});
+  for (TensorView* v : {&ws->hidden, &ws->normed, &ws->attn_proj, &ws->ffn_out, &ws->shared_out, &ws->final_rows})
+    *v = ws->make(backend, DType::F32, {T, hid});
+  ws->q_latent = ws->make(backend, DType::F32, {T, c.q_lora_rank.value_or(1)});
+  ws->q = ws->make(backend, DType::F32, {T, H * (dn + dr)});
+  ws->kv = ws->make(backend, DType::F32, {T, r + dr});
+  ws->q_absorbed = ws->make(backend, DType::F32, {T, H, r + dr});
+  ws->o_latent = ws->make(backend, DType::F32, {T, H, r});
+  ws->attn_out = ws->make(backend, DType::F32, {T, H * dv});
+  const int64_t width = std::max<int64_t>(
+      {c.first_k_dense_replace > 0 ? c.intermediate_size : 1, int64_t(c.moe_intermediate_size) * c.n_shared_experts,
+       int64_t(c.moe_intermediate_size)});
+  ws->gate = ws->make(backend, DType::F32, {T, width});
+  ws->up = ws->make(backend, DType::F32, {T, width});
+  ws->router_logits = ws->make(backend, DType::F32, {T, std::max(c.n_routed_experts, 1)});
+  ws->topk_ids = ws->make(backend, DType::I32, {T, std::max(c.num_experts_per_tok, 1)});
+  ws->topk_weights = ws->make(backend, DType::F32, {T, std::max(c.num_experts_per_tok, 1)});
+  m->ws_ = std::move(ws);
+  return m;
+}
+
+void DeepseekV3::stage_inputs(const ForwardInputs& in, ops::AttentionBatch& batch) {
+  Workspace& ws = *ws_;
+  const int T = int(in.token_ids.size()), S = int(in.seqs.size());
+  MLA_CHECK(T > 0 && T <= limits_.max_tokens, "step of {} tokens (limit {})", T, limits_.max_tokens);
+  MLA_CHECK(S > 0 && S <= limits_.max_seqs, "step of {} sequences (limit {})", S, limits_.max_seqs);
+  MLA_CHECK(int(in.positions.size()) == T, "positions {} != tokens {}", in.positions.size(), T);
+  MLA_CHECK(int(in.kv_cache.size()) == num_cache_layers(), "{} cache layers given", in.kv_cache.size());
+  MLA_CHECK(!in.logits_rows.empty() && int(in.logits_rows.size()) <= T, "{} logits rows", in.logits_rows.size());
+  ws.h_q_indptr.assign(1, 0);
+  ws.h_block_indptr.assign(1, 0);
+  ws.h_kv_lens.clear();
+  ws.h_block_ids.clear();
+  ws.h_slots.clear();
+  const int bs = in.block_size;
+  int row = 0;
+  for (const SequenceSlice& s : in.seqs) {
+    MLA_CHECK(s.q_len > 0 && s.q_len <= s.kv_len, "q_len {} kv_len {}", s.q_len, s.kv_len);
+    MLA_CHECK(int64_t(s.block_table.size()) * bs >= s.kv_len, "block table of {} blocks for {} tokens",
+              s.block_table.size(), s.kv_len);
+    for (int i = 0; i < s.q_len; ++i, ++row) {
+      const int pos = s.kv_len - s.q_len + i;
+      MLA_CHECK(row < T && in.positions[size_t(row)] == pos, "row {} position {} != {}", row,
+                row < T ? in.positions[size_t(row)] : -1, pos);
+      ws.h_slots.push_back(s.block_table[size_t(pos / bs)] * bs + pos % bs);
+    }
+    ws.h_q_indptr.push_back(row);
+    ws.h_kv_lens.push_back(s.kv_len);
+    ws.h_block_ids.insert(ws.h_block_ids.end(), s.block_table.begin(), s.block_table.end());
+    ws.h_block_indptr.push_back(int(ws.h_block_ids.size()));
+  }
+  MLA_CHECK(row == T, "sequences cover {} rows of {}", row, T);
+  MLA_CHECK(int(ws.h_block_ids.size()) <= limits_.max_block_entries, "{} block entries (limit {})",
+            ws.h_block_ids.size(), limits_.max_block_entries);
+  auto upload = [&](const TensorView& dst, const int32_t* src, int64_t n) {
+    TensorView v = dst.slice(0, 0, n);
+    backend_.copy_from_host(v, src);
+    return v;
+  };
+  upload(ws.ids, in.token_ids.data(), T);
+  upload(ws.positions, in.positions.data(), T);
+  batch.num_seqs = S;
+  batch.block_size = bs;
+  batch.q_indptr = upload(ws.q_indptr, ws.h_q_indptr.data(), S + 1);
+  batch.kv_lens = upload(ws.kv_lens, ws.h_kv_lens.data(), S);
+  batch.block_indptr = upload(ws.block_indptr, ws.h_block_indptr.data(), S + 1);
+  batch.block_ids = upload(ws.block_ids, ws.h_block_ids.data(), int64_t(ws.h_block_ids.size()));
+  batch.slot_mapping = upload(ws.slots, ws.h_slots.data(), T);
+  upload(ws.logits_rows, in.logits_rows.data(), int64_t(in.logits_rows.size()));
+  batch.host_q_indptr = ws.h_q_indptr;
+  batch.host_kv_lens = ws.h_kv_lens;
+  batch.host_block_indptr = ws.h_block_indptr;
+  batch.host_block_ids = ws.h_block_ids;
+}
+
+void DeepseekV3::forward(const ForwardInputs& in, const TensorView& logits) {
+  ops::AttentionBatch batch;
+  stage_inputs(in, batch);
+  Workspace& ws = *ws_;
+  const int64_t T = int64_t(in.token_ids.size()), N = int64_t(in.logits_rows.size());
+  MLA_CHECK(logits.dtype == DType::F32 && logits.ndim == 2 && logits.dim(0) == N && logits.dim(1) == cfg_.vocab_size,
+            "logits {} for {} rows", logits.describe(), N);
+  bool absorbed = mla_path_ == MlaPath::Absorbed;
+  if (mla_path_ == MlaPath::Auto)
+    absorbed = std::all_of(in.seqs.begin(), in.seqs.end(), [](const SequenceSlice& s) { return s.q_len == 1; });
+
+  const float eps = float(cfg_.rms_norm_eps);
+  const TensorView ids = ws.ids.slice(0, 0, T), positions = ws.positions.slice(0, 0, T);
+  const TensorView h = ws.hidden.slice(0, 0, T);     // {T, hidden} residual stream
+  const TensorView x = ws.normed.slice(0, 0, T);     // {T, hidden} normalized sub-block input
+  const TensorView a = ws.attn_proj.slice(0, 0, T);  // {T, hidden}
+  const TensorView f = ws.ffn_out.slice(0, 0, T);    // {T, hidden}
+
+  backend_.embedding(ids, weights_.embed_tokens, h);
+  for (int L = 0; L < cfg_.num_hidden_layers; ++L) {
+    const LayerWeights& lw = weights_.layers[size_t(L)];
+    // Pre-norm block: h += Attn(norm(h)); h += FFN(norm(h)). The previous FFN output is added here,
+    // fused with the norm.
+    if (L == 0) backend_.rms_norm(h, lw.input_layernorm, eps, x);
+    else backend_.add_rms_norm(h, f, lw.input_layernorm, eps, x);
+    attention(L, x, batch, positions, in, absorbed, a);
+    backend_.add_rms_norm(h, a, lw.post_attention_layernorm, eps, x);
+    ffn(L, x, f);
+  }
+  backend_.add_rms_norm(h, f, weights_.norm, eps, x);
+  // lm_head only on the rows that need logits (the last token of each prefill, every decode row).
+  const TensorView rows = ws.final_rows.slice(0, 0, N);
+  backend_.embedding(ws.logits_rows.slice(0, 0, N), x, rows);
+  backend_.linear(rows, weights_.lm_head, logits);
+}
+
+void DeepseekV3::attention(int layer, const TensorView& x, const ops::AttentionBatch& batch,
+                           const TensorView& positions, const ForwardInputs& in, bool absorbed,
+                           const TensorView& out) {
+  const AttentionWeights& w = weights_.layers[size_t(layer)].attn;
+  Workspace& ws = *ws_;
+  const int64_t T = x.dim(0), H = dims_.num_heads;
+  const int64_t dn = dims_.qk_nope_head_dim, dr = dims_.qk_rope_head_dim, dv = dims_.v_head_dim;
+  const int64_t r = dims_.kv_lora_rank;
+
+  // Queries: q = q_b(norm(q_a x)) or q_proj x.                    {T, H*(d_n+d_r)}
+  const TensorView q = ws.q.slice(0, 0, T);
+  if (cfg_.q_lora_rank) {
+    const TensorView q_lat = ws.q_latent.slice(0, 0, T);             // {T, q_lora_rank}
+    backend_.linear(x, w.q_a_proj, q_lat);
+    backend_.rms_norm(q_lat, w.q_a_layernorm, kLatentNormEps, q_lat);
+    backend_.linear(q_lat, w.q_b_proj, q);
+  } else {
+    backend_.linear(x, w.q_proj, q);
+  }
+  const TensorView q3 = q.reshape({T, H, dn + dr});                  // {T, H, d_n+d_r}
+  const TensorView q_rope = q3.slice(2, dn, dr);                     // {T, H, d_r} strided
+
+  // Latent: [c_kv | k_rope] = kv_a x; c_kv normalized, k_rope rotated, then cached.  {T, r+d_r}
+  const TensorView kv = ws.kv.slice(0, 0, T);
+  backend_.linear(x, w.kv_a_proj_with_mqa, kv);
+  const TensorView c_kv = kv.slice(1, 0, r);                         // {T, r} strided
+  backend_.rms_norm(c_kv, w.kv_a_layernorm, kLatentNormEps, c_kv);
+  TensorView k_rope = kv.slice(1, r, dr);                            // {T, 1, d_r}: one key shared by all heads
+  k_rope.ndim = 3;
+  k_rope.shape = {T, 1, dr, 0};
+  k_rope.stride = {r + dr, dr, 1, 0};
+  backend_.rope(q_rope, positions, rope_);
+  backend_.rope(k_rope, positions, rope_);
+  const TensorView cache = in.kv_cache[size_t(layer)];
+  backend_.kv_cache_write(kv, batch.slot_mapping, cache);
+
+  const TensorView o = ws.attn_out.slice(0, 0, T);                   // {T, H*d_v}
+  const TensorView o3 = o.reshape({T, H, dv});
+  if (!absorbed) {
+    backend_.mla_attention_naive(q3, cache, w.kv_b_proj, batch, dims_, o3);
+  } else {
+    const TensorView qa = ws.q_absorbed.slice(0, 0, T);              // {T, H, r+d_r} = [W_UK^T q_nope | q_rope]
+    backend_.mla_absorb_q(q3.slice(2, 0, dn), w.kv_b_proj, dims_, qa.slice(2, 0, r));
+    backend_.copy(q_rope, qa.slice(2, r, dr));
+    const TensorView ol = ws.o_latent.slice(0, 0, T);                // {T, H, r}
+    backend_.mla_attention_absorbed(qa, cache, batch, dims_, ol);
+    backend_.mla_expand_v(ol, w.kv_b_proj, dims_, o3);
+  }
+  backend_.linear(o, w.o_proj, out);                                 // {T, hidden}
+  comm_.all_reduce_sum(out);
+}
+
+void DeepseekV3::ffn(int layer, const TensorView& x, const TensorView& out) {
+  const LayerWeights& lw = weights_.layers[size_t(layer)];
+  Workspace& ws = *ws_;
+  const int64_t T = x.dim(0);
+  auto mlp = [&](const ops::ExpertWeights& e, const TensorView& y) {  // y = down(silu(gate x) * up x)
+    const TensorView g = ws.gate.slice(0, 0, T).slice(1, 0, e.gate_proj.out_features);
+    const TensorView u = ws.up.slice(0, 0, T).slice(1, 0, e.up_proj.out_features);
+    backend_.linear(x, e.gate_proj, g);
+    backend_.linear(x, e.up_proj, u);
+    backend_.silu_mul(g, u, g);
+    backend_.linear(g, e.down_proj, y);
+  };
+  if (!lw.is_moe) {
+    mlp(lw.mlp, out);
+  } else {
+    const TensorView logits = ws.router_logits.slice(0, 0, T);       // {T, E}
+    const TensorView ids = ws.topk_ids.slice(0, 0, T), wts = ws.topk_weights.slice(0, 0, T);  // {T, k}
+    backend_.linear(x, lw.moe.gate, logits);
+    backend_.moe_route(logits, lw.moe.e_score_correction_bias, routing_, ids, wts);
+    backend_.moe_experts(x, ids, wts, lw.moe.experts, out);
+    if (lw.moe.has_shared) {
+      const TensorView s = ws.shared_out.slice(0, 0, T);
+      mlp(lw.moe.shared_experts, s);
+      backend_.add(out, s, out);
+    }
+  }
+  comm_.all_reduce_sum(out);
+}
+
+}  // namespace mla::model

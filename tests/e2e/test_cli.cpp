@@ -1,0 +1,126 @@
+// End-to-end tests of the `mlaserve` binary: make-model, generate (text and --json/--logits), info,
+// and one-line errors with a non-zero exit for bad input.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model_test_util.h"
+#include "runtime/offline_engine.h"
+
+namespace mla::test {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+RunResult run(const std::string& args) {
+  RunResult r;
+  FILE* p = popen((std::string(MLA_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = (std::filesystem::temp_directory_path() / fmt::format("mlaserve_cli_{}", getpid())).string();
+    const RunResult r = run(fmt::format("make-model --preset tiny --layers 2 --dtype fp8 --seed 3 --max-shard-mb 1 --out {}", dir_));
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+  static std::string dir_;
+};
+std::string Cli::dir_;
+
+TEST_F(Cli, MakeModelWritesShardedHfLayout) {
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/config.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/model.safetensors.index.json"));
+  const RunResult r = run("info --model " + dir_);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("fp8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("all checked"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, GenerateSaysWeightsAreRandomAndReportsSpeed) {
+  const RunResult r = run("generate --model " + dir_ + " --prompt-ids 0,5,9 --max-tokens 6 --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("RANDOM"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("generated ids (6"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
+}
+
+// --json --logits agrees with the in-process engine: same tokens, same last-prompt logits.
+TEST_F(Cli, JsonOutputMatchesInProcessEngine) {
+  const RunResult r = run("generate --model " + dir_ + " --prompt-ids 3,1,4,1,5,9,2,6 --max-tokens 5 --json --logits "
+                          "--ignore-eos --temperature 0.9 --top-k 40 --seed 11");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  auto lm = load_cpu_model(dir_, 256, 1);
+  ASSERT_TRUE(lm);
+  runtime::GenerationRequest req;
+  req.prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  req.max_tokens = 5;
+  req.sampling.temperature = 0.9f;
+  req.sampling.top_k = 40;
+  req.sampling.seed = 11;
+  runtime::EngineOptions opt;
+  opt.capture_prompt_logits = true;
+  auto res = runtime::generate(*lm->model, *lm->backend, {req}, opt);
+  ASSERT_TRUE(res.is_ok());
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), res->front().tokens);
+  const auto logits = j["last_logits"].get<std::vector<float>>();
+  ASSERT_EQ(logits.size(), size_t(lm->model->config().vocab_size));
+  EXPECT_EQ(logits, res->front().prompt_logits);
+  EXPECT_TRUE(j["random_weights"].get<bool>());
+}
+
+TEST_F(Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
+  struct Case { std::string args, expect; };
+  const std::string missing = dir_ + "_does_not_exist";
+  for (const Case& c : {Case{"generate --model " + missing + " --prompt-ids 1", "config.json"},
+                        Case{"generate --model " + dir_ + " --prompt-ids 1,x", "--prompt-ids"},
+                        Case{"generate --model " + dir_ + " --prompt-ids 1,99999", "outside the vocabulary"},
+                        Case{"generate --model " + dir_ + " --prompt-ids 1 --top-p 0", "top_p"},
+                        Case{"make-model --preset nope --out " + missing, "nope"}}) {
+    const RunResult r = run(c.args);
+    EXPECT_NE(r.exit_code, 0) << c.args;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "not one line:\n" << r.out;
+  }
+}
+
+TEST_F(Cli, CorruptShardIsRejectedWithItsName) {
+  const std::string bad = dir_ + "_corrupt";
+  std::filesystem::remove_all(bad);
+  std::filesystem::copy(dir_, bad);
+  const std::string shard = bad + "/model-00001-of-" + [&] {
+    for (const auto& e : std::filesystem::directory_iterator(bad)) {
+      const std::string n = e.path().filename().string();
+      if (n.starts_with("model-00001-of-")) return n.substr(15);
+    }
+    return std::string("?");
+  }();
+  std::filesystem::resize_file(shard, std::filesystem::file_size(shard) - 3);  // truncated download
+  const RunResult r = run("generate --model " + bad + " --prompt-ids 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("model-00001-of-"), std::string::npos) << r.out;
+  std::filesystem::remove_all(bad);
+}
+
+}  // namespace
+}  // namespace mla::test
