@@ -55,24 +55,6 @@ uint16_t f32_to_f16(float f) {
   return uint16_t(sign | (exp << 10) | ((v >> 13) & 0x3ffu));
 }
 
-namespace {
-std::array<float, 256> make_fp8_table() {
-  std::array<float, 256> t{};
-  for (int v = 0; v < 256; ++v) {
-    const int sign = v >> 7, exp = (v >> 3) & 0xf, man = v & 7;
-    float x;
-    if (exp == 0xf && man == 7) x = NAN;
-    else if (exp == 0) x = std::ldexp(float(man), -9);  // subnormal: man/8 * 2^-6
-    else x = std::ldexp(1.0f + float(man) / 8.0f, exp - 7);
-    t[size_t(v)] = sign ? -x : x;
-  }
-  return t;
-}
-const std::array<float, 256> kFp8Table = make_fp8_table();
-}  // namespace
-
-float fp8e4m3_to_f32(uint8_t v) { return kFp8Table[v]; }
-
 uint8_t f32_to_fp8e4m3(float f) {
   if (std::isnan(f)) return 0x7f;
   const uint8_t sign = std::signbit(f) ? 0x80 : 0;
@@ -83,9 +65,9 @@ uint8_t f32_to_fp8e4m3(float f) {
   int lo = 0, hi = 0x7e;
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (kFp8Table[size_t(mid)] <= a) lo = mid; else hi = mid;
+    if (kFp8E4M3ToF32[size_t(mid)] <= a) lo = mid; else hi = mid;
   }
-  const float dlo = a - kFp8Table[size_t(lo)], dhi = kFp8Table[size_t(hi)] - a;
+  const float dlo = a - kFp8E4M3ToF32[size_t(lo)], dhi = kFp8E4M3ToF32[size_t(hi)] - a;
   int code;
   if (dlo < dhi) code = lo;
   else if (dhi < dlo) code = hi;

@@ -3,6 +3,8 @@
 // (round-to-nearest-even on narrowing), so they live in one place.
 #pragma once
 
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -50,7 +52,22 @@ float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
 // float8_e4m3fn (OCP "FN"): bias 7, no infinities, S.1111.111 is NaN, max finite ±448.
-float fp8e4m3_to_f32(uint8_t v);
+constexpr float fp8e4m3_decode(uint8_t v) {
+  const uint32_t sign = uint32_t(v >> 7) << 31, exp = (v >> 3) & 0xfu, man = v & 7u;
+  if (exp == 0xf && man == 7) return std::bit_cast<float>(sign | 0x7fc00000u);  // NaN
+  if (exp == 0) {                                                               // subnormal: man * 2^-9
+    const float mag = float(man) * (1.0f / 512.0f);
+    return sign ? -mag : mag;
+  }
+  return std::bit_cast<float>(sign | ((exp + 120u) << 23) | (man << 20));  // rebias 7 -> 127
+}
+// Decoding is a table lookup, inline because dequantization loops call it per element.
+inline constexpr std::array<float, 256> kFp8E4M3ToF32 = [] {
+  std::array<float, 256> t{};
+  for (int v = 0; v < 256; ++v) t[size_t(v)] = fp8e4m3_decode(uint8_t(v));
+  return t;
+}();
+inline float fp8e4m3_to_f32(uint8_t v) { return kFp8E4M3ToF32[v]; }
 // Round to nearest even, saturating to ±448 (as torch's cast after clamp). NaN -> 0x7f.
 uint8_t f32_to_fp8e4m3(float f);
 

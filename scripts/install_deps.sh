@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages mlaserve builds and tests with, pinned to the versions it was
+# developed against, and only when something is missing (so a warm machine pays nothing).
+set -euo pipefail
+
+PACKAGES=(
+  cmake=3.25.1-1
+  ninja-build=1.11.1-2~deb12u1
+  g++=4:12.2.0-3
+  pkg-config=1.8.1-1
+  clang-14=1:14.0.6-12
+  libclang-rt-14-dev=1:14.0.6-12
+  libomp-14-dev=1:14.0.6-12
+  libopenblas-dev=0.3.21+ds-4
+  nlohmann-json3-dev=3.11.2-2
+  libcli11-dev=2.1.2+ds-1
+  libfmt-dev=9.1.0+ds1-2
+  libgtest-dev=1.12.1-0.2
+  libgmock-dev=1.12.1-0.2
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  name=${p%%=*}
+  dpkg -s "$name" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# clang/clang++ as plain names for the asan preset.
+command -v clang++ >/dev/null || ln -sf /usr/bin/clang++-14 /usr/local/bin/clang++
+command -v clang >/dev/null || ln -sf /usr/bin/clang-14 /usr/local/bin/clang

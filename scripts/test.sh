@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The README's second command (and CI's): install what is missing, build every preset that can be
+# built here, run every test. Warnings are errors. GPU code is compiled (CUDA) but runs only on the
+# GPU host (tools/gpu_check.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+FUZZ_SECONDS=${FUZZ_SECONDS:-45}
+
+bash scripts/install_deps.sh
+
+echo "== cpu preset: build (warnings as errors) and run all tests"
+cmake --preset cpu -DMLA_WERROR=ON >/dev/null
+cmake --build --preset cpu -j"$jobs"
+ctest --preset cpu -j"$jobs"
+
+echo "== asan preset: every test under AddressSanitizer + UBSan, then the parser fuzzers"
+cmake --preset asan -DMLA_WERROR=ON >/dev/null
+cmake --build --preset asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1 ./build/asan/tests/mlaserve_tests --gtest_brief=1
+# Each fuzzer starts from its committed seeds in a scratch copy (libFuzzer adds to its corpus dir).
+for target in safetensors_header:safetensors model_config:model_config; do
+  name=${target%%:*}
+  corpus=$(mktemp -d)
+  cp tests/fuzz/corpus/"${target##*:}"/* "$corpus"/
+  echo "-- fuzz_$name for ${FUZZ_SECONDS}s"
+  ./build/asan/tests/fuzz_"$name" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$corpus" 2>&1 | tail -n 4
+  rm -rf "$corpus"
+done
+
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "== cuda preset: configure and compile the GPU backend (no GPU here; it runs on the GPU host)"
+  cmake --preset cuda -DMLA_WERROR=ON >/dev/null
+  cmake --build --preset cuda -j"$jobs" --target mla_gpu_info
+else
+  echo "== cuda preset: skipped, no CUDA toolkit at /usr/local/cuda"
+fi
+echo "== hip preset: configure"
+cmake --preset hip >/dev/null
+echo "all test stages passed"
