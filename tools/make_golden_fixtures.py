@@ -62,7 +62,7 @@ CASES = {
         quant="bf16", shards=1, model_type="deepseek_v3"),
     # DeepSeek FP8 block-scaled weights with dims that are not multiples of 128 (edge blocks).
     "ds_fp8_block": dict(
-        config=dict(hidden_size=160, intermediate_size=288, moe_intermediate_size=96,
+        config=dict(hidden_size=160, intermediate_size=288, moe_intermediate_size=80,
                     num_attention_heads=16, num_key_value_heads=16, q_lora_rank=96, kv_lora_rank=64,
                     qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, n_group=2, topk_group=1,
                     num_experts_per_tok=2, num_hidden_layers=2,
@@ -80,7 +80,7 @@ CASES = {
         quant="int4", shards=2, model_type="kimi_k2"),
 }
 
-PROMPT_LENGTHS = [1, 5, 17, 70]
+PROMPT_LENGTHS = [1, 5, 17, 64]
 GREEDY_PROMPT_LENGTH = 9
 GREEDY_STEPS = 16
 

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Copies the Debian-only shared libraries a build's binaries need into BUILD_DIR/shipped-libs, so the
+# build can run on the GPU host (Ubuntu, no Debian packages; see shared/GPU.md). gpu_check.sh puts
+# that folder on LD_LIBRARY_PATH. Usage: tools/ship_libs.sh BUILD_DIR
+set -euo pipefail
+build=${1:?usage: ship_libs.sh BUILD_DIR}
+dest="$build/shipped-libs"
+mkdir -p "$dest"
+for bin in "$build/tests/mlaserve_tests" "$build/mlaserve"; do
+  [ -x "$bin" ] || continue
+  ldd "$bin" | awk '/=>/ {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libfmt.so.*|libopenblas.so.*|libgfortran.so.*|libquadmath.so.*|libgomp.so.*) cp -L "$lib" "$dest/" ;;
+    esac
+  done
+done
+ls "$dest"
