@@ -9,6 +9,7 @@ build=${1:?usage: gpu_check.sh BUILD_DIR LOG_DIR}
 logs=${2:?usage: gpu_check.sh BUILD_DIR LOG_DIR}
 mkdir -p "$logs"
 status=0
+export MLA_FIXTURE_DIR=${MLA_FIXTURE_DIR:-$PWD/tests/fixtures}
 export LD_LIBRARY_PATH="$build/shipped-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "== 1. GPU self-test"
 "$build/src/backend/gpu/mla_gpu_info" 2>&1 | tee "$logs/gpu_info.log" || status=1

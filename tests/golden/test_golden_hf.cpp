@@ -5,6 +5,7 @@
 // logit margin is clear (> 1e-3); after the first unclear step the sequences may legitimately part.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -21,7 +22,11 @@ namespace {
 constexpr double kLogitsRelL2 = 2e-5;
 constexpr float kClearMargin = 1e-3f;
 
-std::string case_dir(const std::string& name) { return std::string(MLA_FIXTURE_DIR) + "/golden/" + name; }
+// MLA_FIXTURE_DIR in the environment overrides the build-time path (a build carried to another host).
+std::string case_dir(const std::string& name) {
+  const char* env = std::getenv("MLA_FIXTURE_DIR");
+  return std::string(env ? env : MLA_FIXTURE_DIR) + "/golden/" + name;
+}
 
 struct Reference {
   io::SafetensorsFile file;
