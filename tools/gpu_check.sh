@@ -14,7 +14,7 @@ export LD_LIBRARY_PATH="$build/shipped-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "== 1. GPU self-test"
 "$build/src/backend/gpu/mla_gpu_info" 2>&1 | tee "$logs/gpu_info.log" || status=1
 echo "== 2. golden model tests (CPU reference on this host)"
-"$build/tests/mlaserve_tests" --gtest_filter='GoldenHf*' 2>&1 | tee "$logs/golden.log" | tail -n 5 || status=1
+"$build/tests/mlaserve_tests" --gtest_filter='*GoldenHf*' 2>&1 | tee "$logs/golden.log" | tail -n 5 || status=1
 echo "== summary"
 grep -h -E "self-test|worst per-position|PASSED|FAILED" "$logs"/*.log
 exit $status
