@@ -69,7 +69,11 @@ void CpuBackend::linear(const TensorView& x, const ops::Weight& w, const TensorV
   const int64_t chunk =
       std::min(out_features, gemv ? kGemvChunkRows : in_place ? kGemmMaxChunkRows : gemm_chunk_rows(in));
   const int64_t num_chunks = (out_features + chunk - 1) / chunk;
-  const int threads = int(std::min<int64_t>(omp_get_max_threads(), num_chunks));
+  // Small GEMMs run on the calling thread: waking the pool costs more than the work (and under load
+  // a descheduled worker stalls the whole region).
+  constexpr int64_t kParallelMinMacs = int64_t(1) << 18;
+  const bool small = num_tokens * out_features * in < kParallelMinMacs;
+  const int threads = small ? 1 : int(std::min<int64_t>(omp_get_max_threads(), num_chunks));
   float* scratch = in_place ? nullptr : grow(linear_scratch_, size_t(threads) * size_t(chunk * in));
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
   for (int64_t c = 0; c < num_chunks; ++c) {

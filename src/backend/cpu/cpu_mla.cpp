@@ -10,7 +10,6 @@
 #include <cstring>
 #include <limits>
 
-#include "backend/cpu/cpu_blas.h"
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_util.h"
@@ -265,20 +264,22 @@ void CpuBackend::mla_absorb_q(const TensorView& q_nope, const ops::Weight& kv_b_
   check_heads(out, num_tokens, heads, rank, "mla_absorb_q out");
   MLA_CHECK(!views_alias(q_nope, out), "mla_absorb_q: out aliases q_nope");
   if (num_tokens == 0) return;
-  const int64_t lda = num_tokens == 1 ? d_n : q_nope.stride[0];
-  const int64_t ldc = num_tokens == 1 ? rank : out.stride[0];
-  MLA_CHECK(lda >= d_n && ldc >= rank, "mla_absorb_q: overlapping rows");
-  // Heads are independent: one OpenMP thread per head, each with its own dequantized W_UK[h] and a
-  // single-threaded sgemm (see cpu_linear.cpp for the threading rule).
+  // Heads are independent: one OpenMP thread per head, each with its own dequantized W_UK[h]. Each
+  // output row is accumulated in a fixed order (axpy over d_n), independent of how many tokens the
+  // call holds, so decode results do not depend on the batch (ARCHITECTURE rule 8; sgemm would).
   const int threads = int(std::min<int64_t>(omp_get_max_threads(), heads));
   float* scratch = grow(head_weight_, size_t(threads) * size_t(d_n * rank));
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (num_tokens * heads * d_n * rank >= kParallelMinWork)
   for (int64_t h = 0; h < heads; ++h) {
     float* w_uk = scratch + size_t(omp_get_thread_num()) * size_t(d_n * rank);
     ops::dequantize_rows(kv_b_proj, h * (d_n + d_v), d_n, w_uk);  // W_UK[h]: [d_n, r]
-    // out[:, h, :] [T, r] = q_nope[:, h, :] [T, d_n] x W_UK[h] [d_n, r]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(num_tokens), int(rank), int(d_n), 1.0f,
-                q_nope.at<const float>(0, h), int(lda), w_uk, int(rank), 0.0f, out.at<float>(0, h), int(ldc));
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      // out[t, h, :] [r] = sum_d q_nope[t, h, d] * W_UK[h][d, :]
+      const float* q = q_nope.at<const float>(t, h);
+      float* o = out.at<float>(t, h);
+      std::fill(o, o + rank, 0.0f);
+      for (int64_t d = 0; d < d_n; ++d) axpy(q[d], w_uk + d * rank, o, rank);
+    }
   }
 }
 
@@ -292,18 +293,15 @@ void CpuBackend::mla_expand_v(const TensorView& o_latent, const ops::Weight& kv_
   check_heads(out, num_tokens, heads, d_v, "mla_expand_v out");
   MLA_CHECK(!views_alias(o_latent, out), "mla_expand_v: out aliases o_latent");
   if (num_tokens == 0) return;
-  const int64_t lda = num_tokens == 1 ? rank : o_latent.stride[0];
-  const int64_t ldc = num_tokens == 1 ? d_v : out.stride[0];
-  MLA_CHECK(lda >= rank && ldc >= d_v, "mla_expand_v: overlapping rows");
   const int threads = int(std::min<int64_t>(omp_get_max_threads(), heads));
   float* scratch = grow(head_weight_, size_t(threads) * size_t(d_v * rank));
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(static) num_threads(threads) if (num_tokens * heads * d_v * rank >= kParallelMinWork)
   for (int64_t h = 0; h < heads; ++h) {
     float* w_uv = scratch + size_t(omp_get_thread_num()) * size_t(d_v * rank);
     ops::dequantize_rows(kv_b_proj, h * (d_n + d_v) + d_n, d_v, w_uv);  // W_UV[h]: [d_v, r]
-    // out[:, h, :] [T, d_v] = o_latent[:, h, :] [T, r] x W_UV[h]^T [r, d_v]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(num_tokens), int(d_v), int(rank), 1.0f,
-                o_latent.at<const float>(0, h), int(lda), w_uv, int(rank), 0.0f, out.at<float>(0, h), int(ldc));
+    // out[t, h, v] = W_UV[h][v, :] . o_latent[t, h, :] (fixed-order dot: batch-invariant)
+    for (int64_t t = 0; t < num_tokens; ++t)
+      for (int64_t v = 0; v < d_v; ++v) out.at<float>(t, h)[v] = dot(w_uv + v * rank, o_latent.at<const float>(t, h), rank);
   }
 }
 
