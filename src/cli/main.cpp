@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
       mla::cli::add_make_model_command(app),
       mla::cli::add_generate_command(app),
       mla::cli::add_info_command(app),
+      mla::cli::add_chat_template_command(app),
+      mla::cli::add_tokenize_command(app),
   };
   CLI11_PARSE(app, argc, argv);
   for (const mla::cli::Command& c : commands)
