@@ -10,6 +10,8 @@
 #include "cli/progress_bar.h"
 #include "model/deepseek_v3.h"
 #include "runtime/offline_engine.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace mla::cli {
 
@@ -18,6 +20,8 @@ namespace {
 struct GenerateArgs {
   std::string model;
   std::string prompt_ids;
+  std::optional<std::string> prompt;  // text, encoded with the model's tokenizer
+  bool chat = false;                  // wrap `prompt` as one user message through the chat template
   int max_tokens = 16;
   float temperature = 0.0f;
   int top_k = 0;
@@ -49,6 +53,14 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s) {
   return ids;
 }
 
+// Generated text through the streaming detokenizer (valid UTF-8 whatever the ids), specials shown.
+std::string detokenize(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& ids) {
+  tokenizer::IncrementalDetokenizer d(tok);
+  std::string text;
+  for (int32_t id : ids) text += d.push(id);
+  return text + d.finish();
+}
+
 int fail(const std::string& msg) {
   std::fprintf(stderr, "mlaserve generate: %s\n", msg.c_str());
   return 1;
@@ -63,8 +75,31 @@ bool has_random_weights(const io::Checkpoint& ckpt) {
   return false;
 }
 
+// Prompt ids from --prompt-ids, or --prompt text through the model directory's tokenizer (and chat
+// template with --chat). A raw text prompt starts with the tokenizer's BOS, as HF's encode does.
+Result<std::vector<int32_t>> prompt_ids(const GenerateArgs& a, const tokenizer::Tokenizer* tok) {
+  if (!a.prompt) return parse_ids(a.prompt_ids);
+  if (!tok) return error("--prompt needs a tokenizer in {} (tiktoken.model or tokenizer.json); use --prompt-ids", a.model);
+  if (!a.chat) {
+    MLA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->try_encode(*a.prompt, {tokenizer::EncodeOptions::Special::None}));
+    if (tok->bos_id()) ids.insert(ids.begin(), *tok->bos_id());
+    return ids;
+  }
+  MLA_ASSIGN_OR_RETURN(tokenizer::ChatTemplateConfig tc, tokenizer::load_chat_template_config(a.model + "/tokenizer_config.json"));
+  tokenizer::RenderOptions ro;
+  ro.add_generation_prompt = true;
+  ro.bos_token = tc.bos_token;
+  ro.eos_token = tc.eos_token;
+  const nlohmann::ordered_json messages = nlohmann::ordered_json::array({{{"role", "user"}, {"content", *a.prompt}}});
+  MLA_ASSIGN_OR_RETURN(std::string text, tokenizer::render_chat_template(tc.chat_template, messages, ro));
+  return tok->try_encode(text, {tokenizer::EncodeOptions::Special::All});  // the template's markers are specials
+}
+
 int run_generate(const GenerateArgs& a) {
-  Result<std::vector<int32_t>> prompt = parse_ids(a.prompt_ids);
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  if (auto t = tokenizer::Tokenizer::from_model_dir(a.model); t) tok = std::move(t).value();
+  else if (a.prompt) return fail(t.status().message());
+  Result<std::vector<int32_t>> prompt = prompt_ids(a, tok.get());
   if (!prompt) return fail(prompt.status().message());
   std::unique_ptr<ops::Backend> backend = cpu::make_cpu_backend();
   dist::SingleProcessCommunicator comm;
@@ -82,7 +117,7 @@ int run_generate(const GenerateArgs& a) {
   req.prompt = *prompt;
   req.max_tokens = a.max_tokens;
   req.sampling = {a.temperature, a.top_k, a.top_p, a.min_p, a.seed};
-  if (!a.ignore_eos) req.stop_token_ids = mdl.config().eos_token_id;
+  if (!a.ignore_eos) req.stop_token_ids = tok ? tok->eos_ids() : mdl.config().eos_token_id;
   runtime::EngineOptions opt;
   opt.max_tokens_per_step = limits.max_tokens;
   opt.capture_prompt_logits = a.logits;
@@ -107,6 +142,7 @@ int run_generate(const GenerateArgs& a) {
                    {"prefill_tokens_per_second", prefill_tps}, {"decode_tokens_per_second", decode_tps},
                    {"time_to_first_token_seconds", r.time_to_first_token_s}};
     if (a.logits) j["last_logits"] = r.prompt_logits;
+    if (tok) j["text"] = detokenize(*tok, r.tokens);
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
@@ -120,6 +156,7 @@ int run_generate(const GenerateArgs& a) {
   for (int32_t t : *prompt) std::printf(" %d", t);
   std::printf("\ngenerated ids (%zu, finish: %s):", r.tokens.size(), r.finish_reason.c_str());
   for (int32_t t : r.tokens) std::printf(" %d", t);
+  if (tok) std::printf("\ngenerated text: %s", nlohmann::json(detokenize(*tok, r.tokens)).dump().c_str());
   std::printf("\nprefill: %.1f tok/s (%lld tokens in %.1f ms); decode: %.1f tok/s (%lld tokens in %.1f ms); "
               "backend: %s\n",
               prefill_tps, static_cast<long long>(stats.prompt_tokens), stats.prefill_seconds * 1e3, decode_tps,
@@ -133,7 +170,10 @@ Command add_generate_command(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand("generate", "Prefill a prompt of token ids, decode, and print the generated ids and speed");
   sub->add_option("--model", a->model, "Model directory (config.json + safetensors)")->required();
-  sub->add_option("--prompt-ids", a->prompt_ids, "Comma-separated prompt token ids, e.g. 1,2,3")->required();
+  CLI::Option* ids = sub->add_option("--prompt-ids", a->prompt_ids, "Comma-separated prompt token ids, e.g. 1,2,3");
+  CLI::Option* text = sub->add_option("--prompt", a->prompt, "Prompt text, encoded with the model's tokenizer");
+  ids->excludes(text);
+  sub->add_flag("--chat", a->chat, "With --prompt: format it as one user message with the model's chat template");
   sub->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->capture_default_str();
   sub->add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
   sub->add_option("--top-k", a->top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
@@ -148,7 +188,10 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--mla-path", a->mla_path, "MLA formulation: auto, naive or absorbed")
       ->check(CLI::IsMember({"auto", "naive", "absorbed"}))
       ->capture_default_str();
-  return {sub, [a] { return run_generate(*a); }};
+  return {sub, [a, ids, text] {
+            if (ids->count() + text->count() == 0) return fail("one of --prompt-ids or --prompt is required");
+            return run_generate(*a);
+          }};
 }
 
 }  // namespace mla::cli

@@ -6,6 +6,7 @@
 #include "cli/progress_bar.h"
 #include "io/presets.h"
 #include "model/deepseek_v3_synthetic.h"
+#include "tokenizer/byte_tokenizer_writer.h"
 
 namespace mla::cli {
 
@@ -39,8 +40,16 @@ int run_make_model(const MakeModelArgs& a) {
     std::fprintf(stderr, "mlaserve make-model: %s\n", st.message().c_str());
     return 1;
   }
-  std::printf("wrote %s: preset %s, %s weights, RANDOM values (seed %llu)\n%s", a.out.c_str(), a.preset.c_str(),
-              a.dtype.c_str(), static_cast<unsigned long long>(a.seed), io::describe(*q).c_str());
+  const bool byte_tokenizer = q->vocab_size == tokenizer::kByteTokenizerVocab;
+  if (byte_tokenizer) {
+    if (Status st = tokenizer::write_byte_level_tokenizer(a.out); !st) {
+      std::fprintf(stderr, "mlaserve make-model: %s\n", st.message().c_str());
+      return 1;
+    }
+  }
+  std::printf("wrote %s: preset %s, %s weights, RANDOM values (seed %llu)%s\n%s", a.out.c_str(), a.preset.c_str(),
+              a.dtype.c_str(), static_cast<unsigned long long>(a.seed),
+              byte_tokenizer ? ", byte-level tokenizer" : "", io::describe(*q).c_str());
   return 0;
 }
 }  // namespace

@@ -58,8 +58,10 @@ ModelConfig tiny() {
   c.rope_scaling.beta_slow = 1.0;
   c.rope_scaling.mscale = 1.0;          // V3-style: cos/sin factor 1, softmax scale gets m^2
   c.rope_scaling.mscale_all_dim = 1.0;
-  c.bos_token_id = 0;
-  c.eos_token_id = {1};
+  // Kimi's id layout on a byte-level vocabulary: 256 byte tokens, then 256 special slots starting
+  // with [BOS] and [EOS] (make-model writes the matching tokenizer files).
+  c.bos_token_id = 256;
+  c.eos_token_id = {257};
   c.num_nextn_predict_layers = 0;
   return c;
 }

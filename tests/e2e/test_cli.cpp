@@ -89,6 +89,25 @@ TEST_F(Cli, JsonOutputMatchesInProcessEngine) {
   EXPECT_TRUE(j["random_weights"].get<bool>());
 }
 
+// make-model's byte-level tokenizer: text in (raw and through the chat template), text out.
+TEST_F(Cli, TextPromptsUseTheModelTokenizerAndChatTemplate) {
+  RunResult r = run("tokenize --model " + dir_ + " --json h\xC3\xA9llo");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["ids"], nlohmann::json::parse("[104,195,169,108,108,111]"));
+  r = run("generate --model " + dir_ + " --prompt Hi --max-tokens 4 --json --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_tokens"], 3);  // [BOS] 'H' 'i'
+  EXPECT_TRUE(j["text"].is_string());
+  // <|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|>: 4 + 2 + 13 specials/bytes.
+  r = run("generate --model " + dir_ + " --prompt Hi --chat --max-tokens 2 --json --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_tokens"], 1 + 4 + 1 + 2 + 1 + 1 + 9 + 1);
+  r = run("generate --model " + dir_ + " --prompt-ids 1 --prompt Hi");
+  EXPECT_NE(r.exit_code, 0);
+}
+
 TEST_F(Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
   struct Case { std::string args, expect; };
   const std::string missing = dir_ + "_does_not_exist";

@@ -639,7 +639,9 @@ TEST(Presets, TinyGeometry) {
   EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 4.0);
   EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 256);
   EXPECT_EQ(c.max_position_embeddings, 1024);
-  EXPECT_EQ(c.eos_token_id, std::vector<int>{1});
+  // Kimi's layout on a byte vocabulary: 256 bytes, then [BOS], [EOS] (make-model's byte tokenizer).
+  EXPECT_EQ(c.bos_token_id, 256);
+  EXPECT_EQ(c.eos_token_id, std::vector<int>{257});
 }
 
 TEST(Presets, KimiK2Geometry) {
