@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 cmake --preset cpu >/dev/null
 cmake --build --preset cpu -j"$(nproc)" --target mlaserve default_model
-./build/cpu/mlaserve generate --model build/cpu/models/default \
-  --prompt-ids 0,17,42,230,7,99,311,5 --max-tokens 32 --temperature 0.7 --top-p 0.9 --seed 1 --ignore-eos
+./build/cpu/mlaserve generate --model build/cpu/models/default --prompt "The engine serves" \
+  --max-tokens 32 --temperature 0.7 --top-p 0.9 --seed 1 --ignore-eos

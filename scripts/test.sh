@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
-FUZZ_SECONDS=${FUZZ_SECONDS:-45}
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 
 bash scripts/install_deps.sh
 
@@ -19,13 +19,21 @@ cmake --preset asan -DMLA_WERROR=ON >/dev/null
 cmake --build --preset asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 ./build/asan/tests/mlaserve_tests --gtest_brief=1
 # Each fuzzer starts from its committed seeds in a scratch copy (libFuzzer adds to its corpus dir).
-for target in safetensors_header:safetensors model_config:model_config; do
+for target in safetensors_header:safetensors model_config:model_config tiktoken_file:tiktoken_file \
+              tokenizer_encode:tokenizer_encode chat_template:chat_template output_parsers:; do
   name=${target%%:*}
   corpus=$(mktemp -d)
-  cp tests/fuzz/corpus/"${target##*:}"/* "$corpus"/
+  seeds=${target##*:}
+  if [ -n "$seeds" ]; then cp tests/fuzz/corpus/"$seeds"/* "$corpus"/; fi
   echo "-- fuzz_$name for ${FUZZ_SECONDS}s"
-  ./build/asan/tests/fuzz_"$name" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$corpus" 2>&1 | tail -n 4
-  rm -rf "$corpus"
+  if ! ./build/asan/tests/fuzz_"$name" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$corpus" \
+      >"$corpus.log" 2>&1; then
+    tail -n 60 "$corpus.log"
+    echo "fuzz_$name FAILED"
+    exit 1
+  fi
+  tail -n 4 "$corpus.log"
+  rm -rf "$corpus" "$corpus.log"
 done
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then
