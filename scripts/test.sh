@@ -20,7 +20,8 @@ cmake --build --preset asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1 ./build/asan/tests/mlaserve_tests --gtest_brief=1
 # Each fuzzer starts from its committed seeds in a scratch copy (libFuzzer adds to its corpus dir).
 for target in safetensors_header:safetensors model_config:model_config tiktoken_file:tiktoken_file \
-              tokenizer_encode:tokenizer_encode chat_template:chat_template output_parsers:; do
+              tokenizer_encode:tokenizer_encode tokenizer_json:tokenizer_json chat_template:chat_template \
+              output_parsers:; do
   name=${target%%:*}
   corpus=$(mktemp -d)
   seeds=${target##*:}

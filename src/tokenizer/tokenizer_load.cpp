@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 
 #include "io/json_strict.h"
 #include "tokenizer/tokenizer.h"
@@ -373,12 +374,15 @@ Result<std::unique_ptr<Tokenizer>> TokenizerBuilder::hf(const std::string& path,
   std::vector<std::pair<int32_t, std::string>> raw_vocab;
   int64_t max_id = -1;
   std::string bytes;
+  std::unordered_set<int32_t> ids_seen;  // an id shared by two entries could not decode both
   for (auto it = vit->begin(); it != vit->end(); ++it) {
     if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() >= kMaxId)
       return error("{}: key model.vocab[\"{}\"]: id must be an integer in [0, {})", path, io::printable(it.key()), kMaxId);
     const auto id = static_cast<int32_t>(it->get<int64_t>());
     if (!vocab.emplace(it.key(), id).second)
       return error("{}: key model.vocab[\"{}\"]: duplicate", path, io::printable(it.key()));
+    if (!ids_seen.insert(id).second)
+      return error("{}: key model.vocab[\"{}\"]: id {} is used by another entry", path, io::printable(it.key()), id);
     max_id = std::max<int64_t>(max_id, id);
     // Entries outside the byte map (DeepSeek lists its added tokens here too) keep their raw
     // text, as HF's ByteLevel decoder does; they cannot come out of byte-level BPE directly.

@@ -248,8 +248,9 @@ TEST(TokenizerTiktoken, KimiPatternSplitsHanApartAndChunksLongRuns) {
     expect.insert(expect.end(), v.begin(), v.end());
   }
   EXPECT_EQ((*t)->encode(spaces), expect);
-  std::vector<std::string_view> chunks;
-  kimi_chunks(spaces + "x", chunks);
+  std::vector<std::string_view> chunks;  // views into `text`, which must outlive them
+  const std::string text = spaces + "x";
+  kimi_chunks(text, chunks);
   ASSERT_EQ(chunks.size(), 3u);
   EXPECT_EQ(chunks[0].size(), 25000u);
   EXPECT_EQ(chunks[2], std::string(10000, ' ') + "x");
