@@ -159,6 +159,7 @@ TEST(TokenizerHf, UnsupportedOrMalformedFilesAreNamedErrors) {
       {[](nlohmann::json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "key normalizer"},
       {[](nlohmann::json& j) { j["model"]["vocab"].erase("a"); }, "lacks the single-byte token 0x61"},
       {[](nlohmann::json& j) { j["model"]["merges"][1] = "ab"; }, "model.merges[1]: expected"},
+      {[](nlohmann::json& j) { j["model"]["vocab"]["ab"] = j["model"]["vocab"]["a"]; }, "is used by another entry"},
   };
   TempDir d;
   for (const Case& c : cases) {
