@@ -16,6 +16,7 @@ struct Command {
 Command add_make_model_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
 Command add_chat_template_command(CLI::App& app);
 Command add_tokenize_command(CLI::App& app);
 

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
       mla::cli::add_make_model_command(app),
       mla::cli::add_generate_command(app),
       mla::cli::add_info_command(app),
+      mla::cli::add_plan_command(app),
       mla::cli::add_chat_template_command(app),
       mla::cli::add_tokenize_command(app),
   };
