@@ -108,6 +108,26 @@ TEST_F(Cli, TextPromptsUseTheModelTokenizerAndChatTemplate) {
   EXPECT_NE(r.exit_code, 0);
 }
 
+// The planner through the binary: it finds the shipped GPU catalog and answers the K3 fit question.
+TEST_F(Cli, PlanAnswersWhetherKimiK3Fits) {
+  RunResult r = run("plan --preset kimi-k3 --gpu b200 --gpus 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["fits"].get<bool>());
+  EXPECT_GT(j["weight_bytes"].get<double>(), 1.5e12);
+  r = run("plan --preset kimi-k3 --gpu mi355x --gpus 8 --context 131072 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["fits"].get<bool>());
+  EXPECT_GT(j["kv_bytes_per_token"].get<double>(), 0);
+  r = run("plan --model " + dir_ + " --gpu h200 --gpus 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["fits"].get<bool>());
+  r = run("plan --preset kimi-k3 --gpu nope --gpus 8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("nope"), std::string::npos) << r.out;
+}
+
 TEST_F(Cli, BadInputGivesOneLineErrorAndNonZeroExit) {
   struct Case { std::string args, expect; };
   const std::string missing = dir_ + "_does_not_exist";
