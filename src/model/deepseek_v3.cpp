@@ -21,6 +21,9 @@ struct DeepseekV3::Workspace {
   TensorView ids, positions, q_indptr, kv_lens, block_indptr, block_ids, slots, logits_rows;
   // Host staging for the same (and the host mirrors the attention ops plan with).
   std::vector<int32_t> h_q_indptr, h_kv_lens, h_block_indptr, h_block_ids, h_slots;
+  // The current step's batch: views of the buffers above, refreshed by stage_inputs. Captured graphs
+  // refer to this object, so a backend whose replay re-runs the ops (CPU) sees the current mirrors.
+  ops::AttentionBatch batch;
   // Activations, F32.
   TensorView hidden;      // {T, hidden}: the residual stream
   TensorView normed;      // {T, hidden}: input of the current sub-block
@@ -110,7 +113,31 @@ Result<std::unique_ptr<DeepseekV3>> DeepseekV3::load(const std::string& model_di
   return m;
 }
 
-void DeepseekV3::stage_inputs(const ForwardInputs& in, ops::AttentionBatch& batch) {
+// One captured decode compute and the key it was captured for (see set_decode_graphs).
+struct DeepseekV3::DecodeGraph {
+  int64_t T = 0, N = 0;                // tokens (= sequences) and logits rows
+  void* logits = nullptr;              // data of the logits view [N, vocab]
+  std::vector<TensorView> kv_cache;    // the cache views the graph writes and reads
+  std::unique_ptr<ops::OpGraph> graph;
+};
+
+namespace {
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim) return false;
+  for (int d = 0; d < a.ndim; ++d)
+    if (a.shape[size_t(d)] != b.shape[size_t(d)] || a.stride[size_t(d)] != b.stride[size_t(d)]) return false;
+  return true;
+}
+}  // namespace
+
+void DeepseekV3::set_decode_graphs(bool on) {
+  decode_graphs_ = on;
+  if (!on) graphs_.clear();
+}
+
+void DeepseekV3::clear_decode_graphs() { graphs_.clear(); }
+
+void DeepseekV3::stage_inputs(const ForwardInputs& in) {
   Workspace& ws = *ws_;
   const int T = int(in.token_ids.size()), S = int(in.seqs.size());
   MLA_CHECK(T > 0 && T <= limits_.max_tokens, "step of {} tokens (limit {})", T, limits_.max_tokens);
@@ -118,12 +145,18 @@ void DeepseekV3::stage_inputs(const ForwardInputs& in, ops::AttentionBatch& batc
   MLA_CHECK(int(in.positions.size()) == T, "positions {} != tokens {}", in.positions.size(), T);
   MLA_CHECK(int(in.kv_cache.size()) == num_cache_layers(), "{} cache layers given", in.kv_cache.size());
   MLA_CHECK(!in.logits_rows.empty() && int(in.logits_rows.size()) <= T, "{} logits rows", in.logits_rows.size());
+  const int bs = in.block_size;
+  MLA_CHECK(bs > 0, "block_size {}", bs);
+  for (const TensorView& c : in.kv_cache)
+    MLA_CHECK((c.dtype == DType::F32 || c.dtype == DType::BF16) && c.dtype == in.kv_cache[0].dtype && c.ndim == 3 &&
+                  c.dim(1) == bs && c.dim(2) == kv_dim() && c.dim(0) == in.kv_cache[0].dim(0),
+              "cache layer {} must be F32 or BF16 [blocks, {}, {}] like layer 0 ({})", c.describe(), bs, kv_dim(),
+              in.kv_cache[0].describe());
   ws.h_q_indptr.assign(1, 0);
   ws.h_block_indptr.assign(1, 0);
   ws.h_kv_lens.clear();
   ws.h_block_ids.clear();
   ws.h_slots.clear();
-  const int bs = in.block_size;
   int row = 0;
   for (const SequenceSlice& s : in.seqs) {
     MLA_CHECK(s.q_len > 0 && s.q_len <= s.kv_len, "q_len {} kv_len {}", s.q_len, s.kv_len);
@@ -148,6 +181,7 @@ void DeepseekV3::stage_inputs(const ForwardInputs& in, ops::AttentionBatch& batc
     backend_.copy_from_host(v, src);
     return v;
   };
+  ops::AttentionBatch& batch = ws.batch;
   upload(ws.ids, in.token_ids.data(), T);
   upload(ws.positions, in.positions.data(), T);
   batch.num_seqs = S;
@@ -155,7 +189,11 @@ void DeepseekV3::stage_inputs(const ForwardInputs& in, ops::AttentionBatch& batc
   batch.q_indptr = upload(ws.q_indptr, ws.h_q_indptr.data(), S + 1);
   batch.kv_lens = upload(ws.kv_lens, ws.h_kv_lens.data(), S);
   batch.block_indptr = upload(ws.block_indptr, ws.h_block_indptr.data(), S + 1);
-  batch.block_ids = upload(ws.block_ids, ws.h_block_ids.data(), int64_t(ws.h_block_ids.size()));
+  upload(ws.block_ids, ws.h_block_ids.data(), int64_t(ws.h_block_ids.size()));
+  // The whole block-id buffer, not the step's prefix: its shape then depends only on the limits, so
+  // a graph captured at one context length stays valid as the block tables grow (block_indptr says
+  // which entries are live).
+  batch.block_ids = ws.block_ids;
   batch.slot_mapping = upload(ws.slots, ws.h_slots.data(), T);
   upload(ws.logits_rows, in.logits_rows.data(), int64_t(in.logits_rows.size()));
   batch.host_q_indptr = ws.h_q_indptr;
@@ -165,18 +203,43 @@ void DeepseekV3::stage_inputs(const ForwardInputs& in, ops::AttentionBatch& batc
 }
 
 void DeepseekV3::forward(const ForwardInputs& in, const TensorView& logits) {
-  ops::AttentionBatch batch;
-  stage_inputs(in, batch);
-  Workspace& ws = *ws_;
+  stage_inputs(in);
   const int64_t T = int64_t(in.token_ids.size()), N = int64_t(in.logits_rows.size());
-  MLA_CHECK(logits.dtype == DType::F32 && logits.ndim == 2 && logits.dim(0) == N && logits.dim(1) == cfg_.vocab_size,
+  MLA_CHECK(logits.dtype == DType::F32 && logits.ndim == 2 && logits.dim(0) == N && logits.dim(1) == cfg_.vocab_size &&
+                logits.is_contiguous(),
             "logits {} for {} rows", logits.describe(), N);
-  bool absorbed = mla_path_ == MlaPath::Absorbed;
-  if (mla_path_ == MlaPath::Auto)
-    absorbed = std::all_of(in.seqs.begin(), in.seqs.end(), [](const SequenceSlice& s) { return s.q_len == 1; });
+  const bool decode_only =
+      std::all_of(in.seqs.begin(), in.seqs.end(), [](const SequenceSlice& s) { return s.q_len == 1; });
+  const bool absorbed = mla_path_ == MlaPath::Absorbed || (mla_path_ == MlaPath::Auto && decode_only);
+  if (!decode_graphs_ || !decode_only || !absorbed) {
+    compute(T, N, absorbed, in.kv_cache, logits);
+    return;
+  }
+  for (const std::unique_ptr<DecodeGraph>& g : graphs_) {
+    if (g->T != T || g->N != N || g->logits != logits.data) continue;
+    if (!std::equal(g->kv_cache.begin(), g->kv_cache.end(), in.kv_cache.begin(), in.kv_cache.end(), same_view)) continue;
+    g->graph->replay();
+    return;
+  }
+  compute(T, N, true, in.kv_cache, logits);  // this step's result; sizes the backend's scratch
+  // Bounded: one graph per batch size and buffer pair is the steady state; stale keys (buffers of an
+  // earlier run) are dropped wholesale rather than tracked.
+  if (graphs_.size() >= size_t(2 * limits_.max_seqs + 8)) graphs_.clear();
+  auto g = std::make_unique<DecodeGraph>();
+  g->T = T;
+  g->N = N;
+  g->logits = logits.data;
+  g->kv_cache.assign(in.kv_cache.begin(), in.kv_cache.end());
+  const std::vector<TensorView>* layers = &g->kv_cache;  // heap-owned by g: stable for the graph's life
+  g->graph = backend_.capture([this, T, N, layers, logits] { compute(T, N, true, *layers, logits); });
+  graphs_.push_back(std::move(g));
+}
 
+void DeepseekV3::compute(int64_t T, int64_t N, bool absorbed, std::span<const TensorView> kv_cache,
+                         const TensorView& logits) {
+  Workspace& ws = *ws_;
   const float eps = float(cfg_.rms_norm_eps);
-  const TensorView ids = ws.ids.slice(0, 0, T), positions = ws.positions.slice(0, 0, T);
+  const TensorView ids = ws.ids.slice(0, 0, T);
   const TensorView h = ws.hidden.slice(0, 0, T);     // {T, hidden} residual stream
   const TensorView x = ws.normed.slice(0, 0, T);     // {T, hidden} normalized sub-block input
   const TensorView a = ws.attn_proj.slice(0, 0, T);  // {T, hidden}
@@ -189,7 +252,7 @@ void DeepseekV3::forward(const ForwardInputs& in, const TensorView& logits) {
     // fused with the norm.
     if (L == 0) backend_.rms_norm(h, lw.input_layernorm, eps, x);
     else backend_.add_rms_norm(h, f, lw.input_layernorm, eps, x);
-    attention(L, x, batch, positions, in, absorbed, a);
+    attention(L, x, kv_cache[size_t(L)], absorbed, a);
     backend_.add_rms_norm(h, a, lw.post_attention_layernorm, eps, x);
     ffn(L, x, f);
   }
@@ -200,12 +263,13 @@ void DeepseekV3::forward(const ForwardInputs& in, const TensorView& logits) {
   backend_.linear(rows, weights_.lm_head, logits);
 }
 
-void DeepseekV3::attention(int layer, const TensorView& x, const ops::AttentionBatch& batch,
-                           const TensorView& positions, const ForwardInputs& in, bool absorbed,
+void DeepseekV3::attention(int layer, const TensorView& x, const TensorView& cache, bool absorbed,
                            const TensorView& out) {
   const AttentionWeights& w = weights_.layers[size_t(layer)].attn;
   Workspace& ws = *ws_;
+  const ops::AttentionBatch& batch = ws.batch;
   const int64_t T = x.dim(0), H = dims_.num_heads;
+  const TensorView positions = ws.positions.slice(0, 0, T);
   const int64_t dn = dims_.qk_nope_head_dim, dr = dims_.qk_rope_head_dim, dv = dims_.v_head_dim;
   const int64_t r = dims_.kv_lora_rank;
 
@@ -233,7 +297,6 @@ void DeepseekV3::attention(int layer, const TensorView& x, const ops::AttentionB
   k_rope.stride = {r + dr, dr, 1, 0};
   backend_.rope(q_rope, positions, rope_);
   backend_.rope(k_rope, positions, rope_);
-  const TensorView cache = in.kv_cache[size_t(layer)];
   backend_.kv_cache_write(kv, batch.slot_mapping, cache);
 
   const TensorView o = ws.attn_out.slice(0, 0, T);                   // {T, H*d_v}

@@ -1,12 +1,15 @@
 // DeepSeek-V3 / Kimi K2 (DeepseekV3ForCausalLM): the forward pass, written once against ops::Backend
 // (ARCHITECTURE rule 1). One call runs one engine step over any mix of prefill chunks and decode
-// tokens of many sequences, reading and writing the paged latent cache.
+// tokens of many sequences, reading and writing the paged latent cache. A step is staged (host
+// arrays -> backend memory) and then computed; decode-only steps can replay a captured graph of the
+// compute (rule 4), trading one eager step per new batch shape for launch-free decode afterwards.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "dist/communicator.h"
 #include "io/model_config.h"
@@ -37,7 +40,7 @@ struct ForwardInputs {
   std::span<const int32_t> positions;    // [T]
   std::span<const SequenceSlice> seqs;   // [S]
   std::span<const int32_t> logits_rows;  // token rows whose logits are produced, in output order
-  std::span<const TensorView> kv_cache;  // per layer: F32 [num_blocks, block_size, kv_dim]
+  std::span<const TensorView> kv_cache;  // per layer: F32 or BF16 [num_blocks, block_size, kv_dim], one dtype
   int block_size = 0;                    // tokens per cache block
 };
 
@@ -67,6 +70,16 @@ class DeepseekV3 {
   int num_cache_layers() const { return cfg_.num_hidden_layers; }
   int kv_dim() const { return cfg_.kv_cache_dim(); }
   void set_mla_path(MlaPath path) { mla_path_ = path; }
+  // Decode graphs (off by default): a step in which every sequence has q_len == 1 and the path is
+  // absorbed replays a graph captured for the key (T, logits rows, logits buffer, cache views). The
+  // first step of a key runs eagerly (its result is the step's result, and it sizes the backend's
+  // grow-once scratch), then the compute is captured, unrun, for the next step of that key.
+  // Precondition while on: the logits buffer and cache layers stay allocated while their graphs
+  // exist (clear_decode_graphs() drops them; the engine clears at the end of generate()).
+  void set_decode_graphs(bool on);
+  bool decode_graphs() const { return decode_graphs_; }
+  size_t num_decode_graphs() const { return graphs_.size(); }
+  void clear_decode_graphs();
 
   // Runs one step and writes F32 logits [logits_rows.size(), vocab_size] into `logits`
   // (backend memory, contiguous). Preconditions (checked): the step fits `limits`, block tables
@@ -75,10 +88,14 @@ class DeepseekV3 {
 
  private:
   struct Workspace;
+  struct DecodeGraph;
   DeepseekV3(io::ModelConfig cfg, ops::Backend& backend, dist::Communicator& comm, const ModelLimits& limits);
-  void stage_inputs(const ForwardInputs& in, ops::AttentionBatch& batch);
-  void attention(int layer, const TensorView& x, const ops::AttentionBatch& batch, const TensorView& positions,
-                 const ForwardInputs& in, bool absorbed, const TensorView& out);
+  // Checks `in` and copies it into the workspace's backend buffers and the attention batch.
+  void stage_inputs(const ForwardInputs& in);
+  // Everything after staging: T tokens, N logits rows. Reads only workspace buffers and the views
+  // given (invariant: no allocation, no host copy), so it can be recorded into a graph.
+  void compute(int64_t T, int64_t N, bool absorbed, std::span<const TensorView> kv_cache, const TensorView& logits);
+  void attention(int layer, const TensorView& x, const TensorView& cache, bool absorbed, const TensorView& out);
   void ffn(int layer, const TensorView& x, const TensorView& out);
 
   io::ModelConfig cfg_;
@@ -92,6 +109,8 @@ class DeepseekV3 {
   ops::RopeTable rope_;
   std::unique_ptr<Workspace> ws_;
   MlaPath mla_path_ = MlaPath::Auto;
+  bool decode_graphs_ = false;
+  std::vector<std::unique_ptr<DecodeGraph>> graphs_;
 };
 
 }  // namespace mla::model

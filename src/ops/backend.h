@@ -9,6 +9,8 @@
 // stride but the last dim is contiguous.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <span>
 #include <string_view>
 
@@ -68,6 +70,14 @@ struct ExpertWeights {
   Weight down_proj;  // [hidden, I]
 };
 
+// A recorded, replayable sequence of ops (a CUDA/HIP graph on GPUs). Replay re-issues the same
+// kernels on the same buffers; between replays callers change only the contents of those buffers.
+class OpGraph {
+ public:
+  virtual ~OpGraph() = default;
+  virtual void replay() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -84,6 +94,13 @@ class Backend {
   // dst (host) <- src (backend memory, contiguous).
   virtual void copy_to_host(void* dst, const TensorView& src) = 0;
   virtual void synchronize() = 0;
+
+  // ---- step graphs (ARCHITECTURE rule 4) ---------------------------------------------------------
+  // Records the ops `record` issues into a graph; nothing runs until replay(). A backend without graphs returns one that calls
+  // `record` again on each replay (same results, no speed-up), so callers need no special case.
+  // Preconditions: `record` does not allocate and does not copy to or from the host; the ops it
+  // issues have run eagerly at least once with the same shapes (so grow-once scratch is sized).
+  virtual std::unique_ptr<OpGraph> capture(const std::function<void()>& record) = 0;
 
   // ---- elementwise and normalization ------------------------------------------------------------
   // out[t,:] = table[ids[t], :]. ids I32 [T]; table [V, D] BF16/F32; out F32 [T, D].
@@ -114,7 +131,9 @@ class Backend {
 
   // ---- MLA attention over the paged latent cache ------------------------------------------------
   // cache[slot_mapping[t], :] = latent[t, :]. latent F32 [T, kv_dim] strided (rows = [c_kv | k_rope],
-  // k_rope already rotated); cache F32 [num_blocks, block_size, kv_dim].
+  // k_rope already rotated); cache contiguous F32 or BF16 [num_blocks, block_size, kv_dim]. A BF16
+  // cache stores f32_to_bf16(latent) (round to nearest even); both attention forms below read any
+  // cache row as bf16 -> f32 (exact), then compute in fp32.
   virtual void kv_cache_write(const TensorView& latent, const TensorView& slot_mapping, const TensorView& cache) = 0;
   // Naive (decompressed) MLA: for each cached token, k_nope[h] = W_UK[h] c and v[h] = W_UV[h] c with
   // kv_b_proj [H*(d_n+d_v), r] (per head: d_n rows W_UK then d_v rows W_UV); key = [k_nope | k_rope].

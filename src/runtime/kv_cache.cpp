@@ -36,17 +36,20 @@ int BlockPool::ref_count(int32_t block) const {
 KvCache::KvCache(ops::Backend& backend, const KvCacheConfig& config)
     : config_(config),
       storage_(backend.alloc(size_t(config.num_layers) * size_t(config.num_blocks) * size_t(config.block_size) *
-                             size_t(config.kv_dim) * sizeof(float))),
+                             size_t(config.kv_dim) * dtype_size(config.dtype))),
       pool_(config.num_blocks) {
   MLA_CHECK(config.num_layers > 0 && config.num_blocks > 0 && config.block_size > 0 && config.kv_dim > 0,
             "bad KV cache config: layers {} blocks {} block_size {} kv_dim {}", config.num_layers,
             config.num_blocks, config.block_size, config.kv_dim);
+  MLA_CHECK(config.dtype == DType::F32 || config.dtype == DType::BF16, "KV cache dtype {} (F32 or BF16)",
+            dtype_name(config.dtype));
 }
 
 TensorView KvCache::layer(int layer) const {
   MLA_CHECK(layer >= 0 && layer < config_.num_layers, "layer {}", layer);
   const size_t per_layer = size_t(config_.num_blocks) * size_t(config_.block_size) * size_t(config_.kv_dim);
-  return TensorView::contiguous(static_cast<float*>(storage_.data()) + per_layer * size_t(layer), DType::F32,
+  return TensorView::contiguous(static_cast<char*>(storage_.data()) + per_layer * size_t(layer) * dtype_size(config_.dtype),
+                                config_.dtype,
                                 {config_.num_blocks, config_.block_size, config_.kv_dim});
 }
 

@@ -38,6 +38,9 @@ struct KvCacheConfig {
   int num_blocks = 0;   // blocks per layer (all layers share block ids)
   int block_size = 16;  // tokens per block
   int kv_dim = 0;       // values per token per layer (576 for DeepSeek-V3 / Kimi K2)
+  // Storage dtype of the latents: F32 (the CPU default, exact) or BF16 (the GPU default: half the
+  // bytes per decode step; the latent is rounded once when written, attention accumulates in fp32).
+  DType dtype = DType::F32;
 };
 
 class KvCache {
@@ -45,7 +48,7 @@ class KvCache {
   KvCache(ops::Backend& backend, const KvCacheConfig& config);
   const KvCacheConfig& config() const { return config_; }
   int block_size() const { return config_.block_size; }
-  // F32 [num_blocks, block_size, kv_dim] of layer `layer`.
+  // config().dtype [num_blocks, block_size, kv_dim] of layer `layer`.
   TensorView layer(int layer) const;
   BlockPool& pool() { return pool_; }
   const BlockPool& pool() const { return pool_; }

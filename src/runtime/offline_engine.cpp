@@ -47,7 +47,10 @@ Result<std::vector<GenerationResult>> generate(model::DeepseekV3& model, ops::Ba
   for (const GenerationRequest& r : requests)
     need_blocks += (int(r.prompt.size()) + r.max_tokens + options.block_size - 1) / options.block_size;
   const int num_blocks = options.num_blocks > 0 ? options.num_blocks : need_blocks;
-  KvCache cache(backend, KvCacheConfig{model.num_cache_layers(), num_blocks, options.block_size, model.kv_dim()});
+  if (options.kv_cache_dtype != DType::F32 && options.kv_cache_dtype != DType::BF16)
+    return error("KV cache dtype {} is not supported (f32 or bf16)", dtype_name(options.kv_cache_dtype));
+  KvCache cache(backend, KvCacheConfig{model.num_cache_layers(), num_blocks, options.block_size, model.kv_dim(),
+                                       options.kv_cache_dtype});
   std::vector<TensorView> cache_layers;
   for (int L = 0; L < model.num_cache_layers(); ++L) cache_layers.push_back(cache.layer(L));
 
@@ -55,6 +58,19 @@ Result<std::vector<GenerationResult>> generate(model::DeepseekV3& model, ops::Ba
   Sampler sampler(backend, lim.max_seqs, cfg.vocab_size);
   Buffer logits_buf = backend.alloc(size_t(lim.max_seqs) * size_t(cfg.vocab_size) * sizeof(float));
   model.set_mla_path(options.mla_path);
+  // Graphs captured below point into `cache` and `logits_buf`: drop them before those are freed
+  // (declared after both, so destroyed first, on every return path), and give the model back its
+  // previous setting.
+  struct GraphReset {
+    model::DeepseekV3& m;
+    bool was_on;
+    ~GraphReset() {
+      m.clear_decode_graphs();
+      m.set_decode_graphs(was_on);
+    }
+  } graph_reset{model, model.decode_graphs()};
+  model.clear_decode_graphs();
+  model.set_decode_graphs(options.decode_graphs);
 
   std::vector<SeqState> seqs(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {

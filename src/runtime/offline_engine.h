@@ -34,6 +34,8 @@ struct EngineOptions {
   int num_blocks = 0;             // KV blocks; 0 = enough for every request's full length
   model::MlaPath mla_path = model::MlaPath::Auto;
   bool capture_prompt_logits = false;
+  DType kv_cache_dtype = DType::F32;  // F32 or BF16 latents (the CLI picks BF16 on GPUs)
+  bool decode_graphs = false;         // replay captured graphs for decode-only steps (GPU: on)
 };
 
 struct EngineStats {

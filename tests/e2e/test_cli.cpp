@@ -108,6 +108,35 @@ TEST_F(Cli, TextPromptsUseTheModelTokenizerAndChatTemplate) {
   EXPECT_NE(r.exit_code, 0);
 }
 
+// --device and the options that go with it. On the CPU: --kv-cache-dtype bf16 runs (and says so),
+// --decode-graphs on gives the tokens of off (the CPU re-runs graphs eagerly), --gemm-precision is
+// refused. --device cuda either runs (a GPU build on a GPU host) or fails in one line that says why.
+TEST_F(Cli, DeviceOptions) {
+  const std::string gen = "generate --model " + dir_ + " --prompt-ids 3,1,4,1,5 --max-tokens 6 --json --ignore-eos";
+  RunResult r = run(gen);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json base = nlohmann::json::parse(r.out);
+  EXPECT_EQ(base["kv_cache_dtype"], "F32");
+  r = run(gen + " --device cpu --decode-graphs on");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"], base["tokens"]);
+  r = run(gen + " --kv-cache-dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["kv_cache_dtype"], "BF16");
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"].size(), 6u);
+  for (const std::string& bad : {gen + " --gemm-precision bf16", gen + " --device tpu"}) {
+    r = run(bad);
+    EXPECT_NE(r.exit_code, 0) << bad;
+  }
+  r = run(gen + " --device cuda");
+  if (r.exit_code == 0) {
+    EXPECT_EQ(nlohmann::json::parse(r.out)["kv_cache_dtype"], "BF16") << "auto picks bf16 on a GPU";
+  } else {
+    EXPECT_TRUE(r.out.find("GPU") != std::string::npos || r.out.find("cuda") != std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "not one line:\n" << r.out;
+  }
+}
+
 // The planner through the binary: it finds the shipped GPU catalog and answers the K3 fit question.
 TEST_F(Cli, PlanAnswersWhetherKimiK3Fits) {
   RunResult r = run("plan --preset kimi-k3 --gpu b200 --gpus 8 --json");

@@ -342,6 +342,50 @@ TEST(CpuMla, LongContextCrossesKeyChunks) {
   EXPECT_TRUE(all_close(absorbed_path(*be, pb, q, kv_b.w), ref, kTol));
 }
 
+// A BF16 cache holds f32_to_bf16 (RNE) of each written latent and is read back exactly, so attention
+// over it equals attention over an F32 cache holding the bf16-rounded latents: the same fp32 values
+// in the same order, hence ~0 difference (1e-6 allows for nothing but a future reordering).
+TEST(CpuMla, Bf16CacheEqualsRoundedF32Cache) {
+  auto be = cpu::make_cpu_backend();
+  std::mt19937 rng(28);
+  const ops::MlaDims dims = small_dims(12);
+  PagedBatch pb = make_batch(rng, dims, {{9, 260}, {1, 300}, {4, 4}, {0, 7}, {1, 17}});
+  const int64_t kv_dim = dims.kv_dim(), heads = dims.num_heads;
+  std::vector<uint16_t> cache16(pb.cache.size());
+  for (size_t i = 0; i < pb.cache.size(); ++i) cache16[i] = f32_to_bf16(pb.cache[i]);
+  // Strided latent rows (a [T, kv_dim] slice of [T, kv_dim + 3]) written to both caches by the op.
+  const int64_t stride = kv_dim + 3;
+  std::vector<float> latent = random_floats(rng, size_t(pb.tokens * stride));
+  const TensorView lv = strided_view(latent.data(), DType::F32, {pb.tokens, kv_dim}, {stride, 1});
+  be->kv_cache_write(lv, pb.batch.slot_mapping, pb.cache_view());
+  const TensorView cache16_view = strided_view(cache16.data(), DType::BF16, {pb.num_blocks, kBlockSize, kv_dim},
+                                               {kBlockSize * kv_dim, kv_dim, 1});
+  be->kv_cache_write(lv, pb.batch.slot_mapping, cache16_view);
+  for (size_t i = 0; i < pb.cache.size(); ++i) ASSERT_EQ(cache16[i], f32_to_bf16(pb.cache[i])) << i;
+  for (float& v : pb.cache) v = round_bf16(v);  // the F32 twin now holds exactly the BF16 values
+
+  TestWeight kv_b;
+  make_dense(kv_b, rng, heads * (dims.qk_nope_head_dim + dims.v_head_dim), dims.kv_lora_rank, DType::BF16);
+  const int64_t qd = dims.qk_nope_head_dim + dims.qk_rope_head_dim;
+  std::vector<float> q = random_floats(rng, size_t(pb.tokens * heads * qd));
+  std::vector<float> ref = nan_filled(size_t(pb.tokens * heads * dims.v_head_dim)), got = ref;
+  be->mla_attention_naive(view_of(q, {pb.tokens, heads, qd}), pb.cache_view(), kv_b.w, pb.batch, dims,
+                          view_of(ref, {pb.tokens, heads, dims.v_head_dim}));
+  be->mla_attention_naive(view_of(q, {pb.tokens, heads, qd}), cache16_view, kv_b.w, pb.batch, dims,
+                          view_of(got, {pb.tokens, heads, dims.v_head_dim}));
+  EXPECT_TRUE(all_close(got, std::vector<double>(ref.begin(), ref.end()), 1e-6));
+  EXPECT_TRUE(all_close(got, naive_ref(pb, q, dequantized(kv_b.w)), kTol));
+
+  std::vector<float> qa = random_floats(rng, size_t(pb.tokens * heads * kv_dim));
+  std::vector<float> ref_a = nan_filled(size_t(pb.tokens * heads * dims.kv_lora_rank)), got_a = ref_a;
+  be->mla_attention_absorbed(view_of(qa, {pb.tokens, heads, kv_dim}), pb.cache_view(), pb.batch, dims,
+                             view_of(ref_a, {pb.tokens, heads, dims.kv_lora_rank}));
+  be->mla_attention_absorbed(view_of(qa, {pb.tokens, heads, kv_dim}), cache16_view, pb.batch, dims,
+                             view_of(got_a, {pb.tokens, heads, dims.kv_lora_rank}));
+  EXPECT_TRUE(all_close(got_a, std::vector<double>(ref_a.begin(), ref_a.end()), 1e-6));
+  EXPECT_TRUE(all_close(got_a, absorbed_ref(pb, qa), kTol));
+}
+
 TEST(CpuMlaDeathTest, RejectsBadSlotsAndBatches) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto be = cpu::make_cpu_backend();

@@ -34,6 +34,7 @@ class CpuBackend final : public ops::Backend {
   void copy_from_host(const TensorView& dst, const void* src) override;
   void copy_to_host(void* dst, const TensorView& src) override;
   void synchronize() override {}
+  std::unique_ptr<ops::OpGraph> capture(const std::function<void()>& record) override;
 
   // elementwise and normalization (cpu_elementwise.cpp)
   void embedding(const TensorView& ids, const TensorView& table, const TensorView& out) override;

@@ -25,6 +25,22 @@ void CpuBackend::copy_to_host(void* dst, const TensorView& src) {
   std::memcpy(dst, src.data, src.nbytes());
 }
 
+namespace {
+// The CPU has no graphs: replay re-runs the recorded ops eagerly.
+class EagerGraph final : public ops::OpGraph {
+ public:
+  explicit EagerGraph(std::function<void()> record) : record_(std::move(record)) {}
+  void replay() override { record_(); }
+
+ private:
+  std::function<void()> record_;
+};
+}  // namespace
+
+std::unique_ptr<ops::OpGraph> CpuBackend::capture(const std::function<void()>& record) {
+  return std::make_unique<EagerGraph>(record);
+}
+
 std::unique_ptr<ops::Backend> make_cpu_backend(const CpuBackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
 }

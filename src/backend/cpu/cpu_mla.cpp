@@ -2,7 +2,9 @@
 // attention, the absorbed (MQA over the latent) attention and the two absorption GEMMs. Both
 // attention forms walk the keys in chunks of positions with an online (running max, running
 // sum) softmax, so memory is bounded by one chunk at any context length; the price is recomputing
-// the decompressed keys per chunk in the naive form, which is a prefill/reference path only.
+// the decompressed keys per chunk in the naive form, which is a prefill/reference path only. The
+// cache is F32 or BF16 (written rounded to nearest even, read back exactly), so both forms see the
+// same fp32 values whatever the cache dtype.
 #include <omp.h>
 
 #include <algorithm>
@@ -31,8 +33,8 @@ constexpr int64_t kParallelMinWork = 1 << 14;
 // Validates an AttentionBatch against the cache and the token count (host mirrors are authoritative).
 void check_batch(const TensorView& cache, const ops::AttentionBatch& batch, const ops::MlaDims& dims,
                  int64_t num_tokens) {
-  MLA_CHECK(cache.dtype == DType::F32 && cache.ndim == 3 && cache.is_contiguous(),
-            "attention: cache {} must be contiguous F32 [blocks, block_size, kv_dim]", cache.describe());
+  MLA_CHECK((cache.dtype == DType::F32 || cache.dtype == DType::BF16) && cache.ndim == 3 && cache.is_contiguous(),
+            "attention: cache {} must be contiguous F32 or BF16 [blocks, block_size, kv_dim]", cache.describe());
   MLA_CHECK(cache.dim(1) == batch.block_size && batch.block_size > 0 && cache.dim(2) == dims.kv_dim(),
             "attention: cache {} vs block_size {} kv_dim {}", cache.describe(), batch.block_size, dims.kv_dim());
   const int64_t seqs = batch.num_seqs;
@@ -61,10 +63,15 @@ void check_batch(const TensorView& cache, const ops::AttentionBatch& batch, cons
   }
 }
 
-// The cache row of absolute position `pos` of sequence `s`.
-const float* cache_row(const TensorView& cache, const ops::AttentionBatch& batch, size_t s, int64_t pos) {
+// The cache row of absolute position `pos` of sequence `s` as fp32. An F32 cache is read in place; a
+// BF16 row is widened (exactly) into `staging` [kv_dim], which must outlive the returned pointer.
+const float* cache_row(const TensorView& cache, const ops::AttentionBatch& batch, size_t s, int64_t pos,
+                       float* staging) {
   const int32_t block = batch.host_block_ids[size_t(batch.host_block_indptr[s] + pos / batch.block_size)];
-  return cache.at<const float>(block, pos % batch.block_size);
+  if (cache.dtype == DType::F32) return cache.at<const float>(block, pos % batch.block_size);
+  const uint16_t* src = cache.at<const uint16_t>(block, pos % batch.block_size);
+  for (int64_t c = 0; c < cache.dim(2); ++c) staging[c] = bf16_to_f32(src[c]);
+  return staging;
 }
 
 void check_kv_b(const ops::Weight& kv_b_proj, const ops::MlaDims& dims) {
@@ -139,18 +146,23 @@ void softmax_end(const float* l, const TensorView& out, int64_t q0, int64_t q_le
 
 void CpuBackend::kv_cache_write(const TensorView& latent, const TensorView& slot_mapping, const TensorView& cache) {
   check_view(latent, DType::F32, 2, "kv_cache_write latent");
-  MLA_CHECK(cache.dtype == DType::F32 && cache.ndim == 3 && cache.is_contiguous(),
-            "kv_cache_write: cache {} must be contiguous F32 [blocks, block_size, kv_dim]", cache.describe());
+  MLA_CHECK((cache.dtype == DType::F32 || cache.dtype == DType::BF16) && cache.ndim == 3 && cache.is_contiguous(),
+            "kv_cache_write: cache {} must be contiguous F32 or BF16 [blocks, block_size, kv_dim]", cache.describe());
   const int64_t num_tokens = latent.dim(0), kv_dim = latent.dim(1);
   MLA_CHECK(cache.dim(2) == kv_dim, "kv_cache_write: latent {} vs cache {}", latent.describe(), cache.describe());
   check_vector(slot_mapping, DType::I32, num_tokens, "kv_cache_write slot_mapping");
   const int64_t num_slots = cache.dim(0) * cache.dim(1);
-  float* base = cache.as<float>();
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int32_t slot = i32_at(slot_mapping, t);
     MLA_CHECK(slot >= 0 && slot < num_slots, "kv_cache_write: slot {} of token {} outside [0, {})", slot, t,
               num_slots);
-    std::memcpy(base + int64_t(slot) * kv_dim, latent.at<const float>(t), size_t(kv_dim) * sizeof(float));
+    const float* src = latent.at<const float>(t);
+    if (cache.dtype == DType::F32) {
+      std::memcpy(cache.as<float>() + int64_t(slot) * kv_dim, src, size_t(kv_dim) * sizeof(float));
+    } else {  // BF16: round to nearest even, the one rounding every backend applies
+      uint16_t* dst = cache.as<uint16_t>() + int64_t(slot) * kv_dim;
+      for (int64_t c = 0; c < kv_dim; ++c) dst[c] = f32_to_bf16(src[c]);
+    }
   }
 }
 
@@ -172,6 +184,9 @@ void CpuBackend::mla_attention_naive(const TensorView& q, const TensorView& cach
   float* latent = grow(attn_latent_, size_t(kNaiveKeyChunk * rank));
   float* keys = grow(attn_keys_, size_t(kNaiveKeyChunk * row_width));
   const float** rows = grow(attn_rows_, size_t(kNaiveKeyChunk));
+  // BF16 cache: the chunk's rows widened to fp32 (rows[j] points here; unused for an F32 cache).
+  // head_weight_ is free during attention (only absorb_q / expand_v use it, and ops do not overlap).
+  float* staging = grow(head_weight_, size_t(kNaiveKeyChunk * dims.kv_dim()));
   const float scale = dims.softmax_scale;
 
   for (size_t s = 0; s < size_t(batch.num_seqs); ++s) {
@@ -183,7 +198,7 @@ void CpuBackend::mla_attention_naive(const TensorView& q, const TensorView& cach
     for (int64_t j0 = 0; j0 < kv_len; j0 += kNaiveKeyChunk) {
       const int64_t n = std::min(kNaiveKeyChunk, kv_len - j0);
       for (int64_t j = 0; j < n; ++j) {
-        rows[j] = cache_row(cache, batch, s, j0 + j);
+        rows[j] = cache_row(cache, batch, s, j0 + j, staging + j * dims.kv_dim());
         std::memcpy(latent + j * rank, rows[j], size_t(rank) * sizeof(float));
       }
       // keys[j] = kv_b_proj c_j: per head h, [k_nope (d_n) | v (d_v)] at offset h * (d_n + d_v).
@@ -224,6 +239,7 @@ void CpuBackend::mla_attention_absorbed(const TensorView& q, const TensorView& c
   float* m = grow(attn_max_, size_t(num_tokens * heads));
   float* l = grow(attn_sum_, size_t(num_tokens * heads));
   const float** rows = grow(attn_rows_, size_t(kAbsorbedKeyChunk));
+  float* staging = grow(head_weight_, size_t(kAbsorbedKeyChunk * kv_dim));  // BF16 rows widened (see naive)
   const float scale = dims.softmax_scale;
 
   for (size_t s = 0; s < size_t(batch.num_seqs); ++s) {
@@ -234,7 +250,7 @@ void CpuBackend::mla_attention_absorbed(const TensorView& q, const TensorView& c
     softmax_begin(m, l, out, q0, q_len);
     for (int64_t j0 = 0; j0 < kv_len; j0 += kAbsorbedKeyChunk) {
       const int64_t n = std::min(kAbsorbedKeyChunk, kv_len - j0);
-      for (int64_t j = 0; j < n; ++j) rows[j] = cache_row(cache, batch, s, j0 + j);
+      for (int64_t j = 0; j < n; ++j) rows[j] = cache_row(cache, batch, s, j0 + j, staging + j * kv_dim);
 #pragma omp parallel for schedule(static) if (q_len * heads * n >= kParallelMinWork)
       for (int64_t ih = 0; ih < q_len * heads; ++ih) {
         const int64_t i = ih / heads, h = ih % heads;
