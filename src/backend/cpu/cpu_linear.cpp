@@ -1,9 +1,9 @@
 // CPU reference GEMM, out = x W^T, for every weight format. Weights stay packed: a chunk of W's rows is
 // dequantized by ops::dequantize_rows (the reference dequantizer) into per-thread scratch and
 // multiplied there, so memory grows by one chunk per thread, never by the whole weight.
-// Threading: OpenMP is the only thread pool. OpenBLAS is set to one thread and called concurrently
-// from the OpenMP threads, each on its own chunk of W's rows. Mixing the two pools (OpenMP loops
-// next to a multi-threaded sgemm) made both spin-wait on the same cores: 3x slower on 2 cores.
+// Threading: OpenMP is the only thread pool. OpenBLAS is set to one thread and called from one thread
+// only (the serial build is not re-entrant). Mixing the two pools (OpenMP loops next to a
+// multi-threaded sgemm) made both spin-wait on the same cores: 3x slower on 2 cores.
 // Within that, two regimes:
 //  * dot regime: every out[t, o] is `dot` (fixed 16-lane summation order) of x row t and W row o,
 //    so each value is independent of how many other tokens share the call. This makes the CPU
@@ -73,7 +73,10 @@ void CpuBackend::linear(const TensorView& x, const ops::Weight& w, const TensorV
   // a descheduled worker stalls the whole region).
   constexpr int64_t kParallelMinMacs = int64_t(1) << 18;
   const bool small = num_tokens * out_features * in < kParallelMinMacs;
-  const int threads = small ? 1 : int(std::min<int64_t>(omp_get_max_threads(), num_chunks));
+  // Debian's serial OpenBLAS is not safe to call from several threads at once (its buffer pool is
+  // unlocked: concurrent sgemm calls gave wrong, run-to-run different results), so the sgemm regime
+  // runs on one thread; the dot regime parallelizes over chunks.
+  const int threads = small || !gemv ? 1 : int(std::min<int64_t>(omp_get_max_threads(), num_chunks));
   float* scratch = in_place ? nullptr : grow(linear_scratch_, size_t(threads) * size_t(chunk * in));
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
   for (int64_t c = 0; c < num_chunks; ++c) {
