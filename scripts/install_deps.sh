@@ -18,6 +18,10 @@ PACKAGES=(
   libgtest-dev=1.12.1-0.2
   libgmock-dev=1.12.1-0.2
   libpcre2-dev=10.42-1+deb12u2
+  libssl-dev=3.0.22-1~deb12u2
+  libcpp-httplib-dev=0.11.4+ds-1+deb12u1
+  hipcc=5.2.3-8
+  libamdhip64-dev=5.2.3-8
 )
 
 missing=()

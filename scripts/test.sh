@@ -38,12 +38,14 @@ for target in safetensors_header:safetensors model_config:model_config tiktoken_
 done
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then
-  echo "== cuda preset: configure and compile the GPU backend (no GPU here; it runs on the GPU host)"
+  echo "== cuda preset: build the GPU backend, its tests and benchmarks (no GPU here; they run on the GPU host)"
   cmake --preset cuda -DMLA_WERROR=ON >/dev/null
-  cmake --build --preset cuda -j"$jobs" --target mla_gpu_info
+  # The GPU-side targets only: the CPU tests were built and run above.
+  cmake --build --preset cuda -j"$jobs" --target mlaserve mlaserve_gpu_tests mla_bench_gpu mla_gpu_info
 else
   echo "== cuda preset: skipped, no CUDA toolkit at /usr/local/cuda"
 fi
-echo "== hip preset: configure"
-cmake --preset hip >/dev/null
+echo "== hip preset: compile every GPU kernel file with hipcc for gfx90a"
+cmake --preset hip -DMLA_WERROR=ON >/dev/null
+cmake --build --preset hip -j"$jobs" --target mla_hip_kernels
 echo "all test stages passed"

@@ -19,5 +19,8 @@ Command add_info_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);
 Command add_chat_template_command(CLI::App& app);
 Command add_tokenize_command(CLI::App& app);
+Command add_perplexity_command(CLI::App& app);
+Command add_serve_command(CLI::App& app);
+Command add_chat_command(CLI::App& app);
 
 }  // namespace mla::cli

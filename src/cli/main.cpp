@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
       mla::cli::add_plan_command(app),
       mla::cli::add_chat_template_command(app),
       mla::cli::add_tokenize_command(app),
+      mla::cli::add_perplexity_command(app),
+      mla::cli::add_serve_command(app),
+      mla::cli::add_chat_command(app),
   };
   CLI11_PARSE(app, argc, argv);
   for (const mla::cli::Command& c : commands)

@@ -1,0 +1,81 @@
+// `mla_bench_gpu`: the GPU benchmarks of docs/performance.md in one binary. Ceilings (copy
+// bandwidth, cuBLASLt bf16 GEMM) are measured first in every run; each benchmark prints its table
+// and the whole report goes to --out (JSON + markdown). Run by tools/gpu_check.sh on the GPU host.
+// Usage: mla_bench_gpu [--only mla-decode,moe,...] [--out DIR] [--quick] [--model DIR]
+#include <cstdio>
+#include <set>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "backend/gpu/gpu_backend.h"
+#include "bench_gpu.h"
+
+namespace mla::bench {
+
+std::unique_ptr<ops::Backend> make_bench_backend(bool bf16_gemm) {
+  gpu::GpuBackendOptions opt;
+  opt.gemm_precision = bf16_gemm ? gpu::GemmPrecision::Bf16 : gpu::GemmPrecision::Fp32;
+  auto be = gpu::make_gpu_backend(opt);
+  MLA_CHECK(be.is_ok(), "mla_bench_gpu: {}", be.status().message());
+  return std::move(*be);
+}
+
+}  // namespace mla::bench
+
+int main(int argc, char** argv) {
+  using namespace mla::bench;
+  CLI::App app{"GPU benchmarks against ceilings measured in the same run"};
+  std::string only = "mla-decode,mla-prefill,moe,gemm", out_dir;
+  BenchOptions o;
+  app.add_option("--only", only,
+                 "Comma-separated subset of: ceilings, mla-decode, mla-prefill, moe, gemm, e2e (ceilings always run)")
+      ->capture_default_str();
+  app.add_option("--out", out_dir, "Write bench_gpu.json and bench_gpu.md here");
+  app.add_flag("--quick", o.quick, "Smaller sizes and fewer repetitions (a smoke run, not a measurement)");
+  app.add_option("--model", o.model_dir, "e2e: a `mlaserve make-model` output directory");
+  app.add_option("--decode-tokens", o.e2e_decode_tokens, "e2e: decode steps timed")->capture_default_str();
+  app.add_option("--prefill-contexts", o.prefill_contexts, "mla-prefill: context lengths")->capture_default_str();
+  app.add_option("--prefill-query-chunk", o.prefill_query_chunk,
+                 "mla-prefill: queries at the end of the context (0 = q_len = context)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  std::set<std::string> want;
+  for (size_t a = 0; a <= only.size();) {
+    const size_t b = std::min(only.find(',', a), only.size());
+    if (b > a) want.insert(only.substr(a, b - a));
+    a = b + 1;
+  }
+  for (const std::string& w : want)
+    if (!std::set<std::string>{"ceilings", "mla-decode", "mla-prefill", "moe", "gemm", "e2e"}.count(w)) {
+      std::fprintf(stderr, "mla_bench_gpu: unknown benchmark '%s'\n", w.c_str());
+      return 2;
+    }
+  if (!mla::gpu::gpu_available()) {
+    std::fprintf(stderr, "mla_bench_gpu: no GPU visible\n");
+    return 1;
+  }
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+
+  Report report;
+  std::printf("== ceilings\n");
+  const Ceilings c = measure_ceilings(report, o.quick);
+  struct Entry {
+    const char* name;
+    void (*fn)(Report&, const Ceilings&, const BenchOptions&);
+  };
+  for (const Entry& e : {Entry{"mla-decode", bench_mla_decode}, Entry{"mla-prefill", bench_mla_prefill},
+                         Entry{"moe", bench_moe_decode}, Entry{"gemm", bench_gemm}, Entry{"e2e", bench_e2e}}) {
+    if (!want.count(e.name)) continue;
+    std::printf("\n== %s\n", e.name);
+    std::fflush(stdout);
+    e.fn(report, c, o);
+    report.write(out_dir, command);  // after each benchmark, so a later crash keeps earlier rows
+  }
+  std::printf("\n== summary\n");
+  report.print();
+  report.write(out_dir, command);
+  return 0;
+}

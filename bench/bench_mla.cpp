@@ -1,0 +1,163 @@
+// MLA attention benchmarks through the Backend interface: absorbed decode over a BF16 paged cache
+// (memory-bound at 16 heads, compute-bound at 128) and naive prefill (decompress the latents, then
+// causal attention over per-head K/V). Geometry: DeepSeek-V3 (r 512, rope 64, d_n 128, d_v 128).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "backend/gpu/gpu_backend.h"
+#include "bench_gpu.h"
+
+namespace mla::bench {
+
+namespace {
+
+constexpr int kRank = 512, kRope = 64, kNope = 128, kV = 128, kKvDim = kRank + kRope, kBlock = 64;
+
+ops::MlaDims dsv3_dims(int heads) {
+  ops::MlaDims d;
+  d.num_heads = heads;
+  d.qk_nope_head_dim = kNope;
+  d.qk_rope_head_dim = kRope;
+  d.v_head_dim = kV;
+  d.kv_lora_rank = kRank;
+  d.softmax_scale = 1.0f / std::sqrt(float(kNope + kRope));
+  return d;
+}
+
+// Sequences of `q_len` new tokens each with `ctx` cached tokens, blocks scattered over the cache
+// (a shuffled permutation, as a block pool hands them out after some churn).
+struct PagedBatch {
+  std::vector<int32_t> q_indptr, kv_lens, block_indptr, block_ids, slots;
+  DevTensor d_q_indptr, d_kv_lens, d_block_indptr, d_block_ids, d_slots, cache;
+  ops::AttentionBatch batch;
+};
+void make_paged_batch(PagedBatch& p, ops::Backend& be, int seqs, int ctx, int q_len, uint64_t seed) {
+  const int bps = (ctx + kBlock - 1) / kBlock;
+  p.block_ids.resize(size_t(seqs) * size_t(bps));
+  std::iota(p.block_ids.begin(), p.block_ids.end(), 0);
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::shuffle(p.block_ids.begin(), p.block_ids.end(), rng);
+  p.q_indptr.clear(), p.kv_lens.clear(), p.block_indptr.clear(), p.slots.clear();
+  for (int s = 0; s <= seqs; ++s) {
+    p.q_indptr.push_back(s * q_len);
+    p.block_indptr.push_back(s * bps);
+  }
+  for (int s = 0; s < seqs; ++s) {
+    p.kv_lens.push_back(ctx);
+    for (int pos = ctx - q_len; pos < ctx; ++pos)
+      p.slots.push_back(p.block_ids[size_t(s * bps + pos / kBlock)] * kBlock + pos % kBlock);
+  }
+  p.d_q_indptr = dev_from_host(be, p.q_indptr);
+  p.d_kv_lens = dev_from_host(be, p.kv_lens);
+  p.d_block_indptr = dev_from_host(be, p.block_indptr);
+  p.d_block_ids = dev_from_host(be, p.block_ids);
+  p.d_slots = dev_from_host(be, p.slots);
+  // Random latents in [-1, 1): the values a normalized c_kv and rotated k_rope take.
+  p.cache = dev_tensor(be, DType::BF16, {int64_t(seqs) * bps, kBlock, kKvDim});
+  fill_random(p.cache.view, seed, -1, 1, backend_stream(be));
+  ops::AttentionBatch& b = p.batch;
+  b.num_seqs = seqs;
+  b.block_size = kBlock;
+  b.q_indptr = p.d_q_indptr.view;
+  b.kv_lens = p.d_kv_lens.view;
+  b.block_indptr = p.d_block_indptr.view;
+  b.block_ids = p.d_block_ids.view;
+  b.slot_mapping = p.d_slots.view;
+  b.host_q_indptr = p.q_indptr;
+  b.host_kv_lens = p.kv_lens;
+  b.host_block_indptr = p.block_indptr;
+  b.host_block_ids = p.block_ids;
+}
+
+}  // namespace
+
+// Napkin math, per decode token and head count H over ctx cached tokens:
+//   cache bytes  = ctx * 576 * 2 (BF16), shared by all H heads (MQA over the latent);
+//   FLOPs        = 2 * H * ctx * (576 + 512)  (q.k over 576, p.v over 512).
+// Batch 64 x ctx 4096: 302 MB of cache per call (> L2, no rotation needed); at 4.3 TB/s ~70 us.
+// Arithmetic intensity = H * 1088 / 576 FLOP/B: 16 heads ~30 (memory-bound), 128 heads ~242
+// (compute-bound on H200: ~790 TFLOP/s / 4.3 TB/s ~ 184).
+void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) {
+  auto be = make_bench_backend(true);
+  const gpu::Stream s = backend_stream(*be);
+  const int seqs = 64, ctx = o.quick ? 1024 : 4096;
+  PagedBatch pb;
+  make_paged_batch(pb, *be, seqs, ctx, 1, 11);
+  const double cache_bytes = double(seqs) * ctx * kKvDim * 2.0;
+  for (const int heads : {16, 128, 12, 8}) {
+    const ops::MlaDims dims = dsv3_dims(heads);
+    DevTensor q = dev_tensor(*be, DType::F32, {seqs, heads, kKvDim});
+    DevTensor out = dev_tensor(*be, DType::F32, {seqs, heads, kRank});
+    fill_random(q.view, 100 + uint64_t(heads), -1, 1, s);
+    TimingPlan plan;
+    plan.max_reps = o.quick ? 20 : 200;
+    plan.budget_ms = o.quick ? 100 : 1000;
+    const Timing t = time_on_stream(s, plan, [&](int) {
+      be->mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view);
+    });
+    const double sec = t.median_ms * 1e-3;
+    const double gbps = cache_bytes / sec / 1e9;
+    const double tflops = double(seqs) * 2.0 * heads * ctx * (kKvDim + kRank) / sec / 1e12;
+    const std::string name = fmt::format("absorbed decode, batch {} x ctx {}, {} heads{}", seqs, ctx, heads,
+                                         heads % 16 ? " (padded to 16)" : "");
+    if (heads == 128)
+      report.add({"mla_decode", name, t.median_ms, tflops, "TFLOP/s", c.bf16_tflops, "bf16 GEMM", 0.6,
+                  fmt::format("cache {:.0f} GB/s", gbps), fmt::format("{}h", heads)});
+    else
+      report.add({"mla_decode", name, t.median_ms, gbps, "GB/s", c.copy_gbps, "copy BW", heads == 16 ? 0.8 : 0,
+                  fmt::format("{:.1f} TFLOP/s; cache bytes only", tflops), fmt::format("{}h", heads)});
+  }
+  report.print("mla_decode");
+}
+
+// Napkin math, one sequence, Q queries at the end of a ctx-token context (query i at position
+// ctx - Q + i sees ctx - Q + i + 1 keys), H heads, d_qk = 192, d_v = 128:
+//   attention FLOPs     = 2 * H * (d_qk + d_v) * pairs, pairs = Q (ctx - Q) + Q (Q + 1) / 2;
+//   decompression FLOPs = 2 * ctx * r * H * (d_n + d_v)  (kv_b_proj over every cached latent).
+// 128K context, Q 4096, H 128: 4.4e13 attention FLOPs + 4.4e12 decompression FLOPs per call.
+void bench_mla_prefill(Report& report, const Ceilings& c, const BenchOptions& o) {
+  auto be = make_bench_backend(true);
+  const gpu::Stream s = backend_stream(*be);
+  std::vector<int> contexts = o.prefill_contexts;
+  if (o.quick) contexts = {std::min(4096, contexts.empty() ? 4096 : contexts.front())};
+  for (const int heads : {16, 128}) {
+    const ops::MlaDims dims = dsv3_dims(heads);
+    HostWeight hw;
+    make_host_weight(hw, BenchWeight::BF16, int64_t(heads) * (kNope + kV), kRank, 7);
+    const ops::Weight kv_b = place(*be, hw);
+    for (const int ctx : contexts) {
+      const int q_len = o.prefill_query_chunk > 0 ? std::min(o.prefill_query_chunk, ctx) : ctx;
+      PagedBatch pb;
+      make_paged_batch(pb, *be, 1, ctx, q_len, 13 + uint64_t(ctx));
+      DevTensor q = dev_tensor(*be, DType::F32, {q_len, heads, kNope + kRope});
+      DevTensor out = dev_tensor(*be, DType::F32, {q_len, heads, kV});
+      fill_random(q.view, 200 + uint64_t(heads), -1, 1, s);
+      TimingPlan plan;
+      plan.warmup = 1;
+      plan.min_reps = o.quick ? 1 : 2;  // a 128K x 128-head call may take seconds
+      plan.max_reps = o.quick ? 2 : 20;
+      plan.budget_ms = o.quick ? 200 : 2000;
+      const Timing t = time_on_stream(s, plan, [&](int) {
+        be->mla_attention_naive(q.view, pb.cache.view, kv_b, pb.batch, dims, out.view);
+      });
+      const double pairs = double(q_len) * (ctx - q_len) + double(q_len) * (q_len + 1) / 2.0;
+      const double attn = 2.0 * heads * (kNope + kRope + kV) * pairs;
+      const double decomp = 2.0 * double(ctx) * kRank * heads * (kNope + kV);
+      const double sec = t.median_ms * 1e-3;
+      report.add({"mla_prefill",
+                  fmt::format("naive, ctx {}, {} queries at the end, {} heads", ctx, q_len, heads), t.median_ms,
+                  attn / sec / 1e12, "TFLOP/s", c.bf16_tflops, "bf16 GEMM", 0.5,
+                  fmt::format("attention FLOPs only; with decompression ({:.2g} FLOP) {:.1f} TFLOP/s; {:.0f} tok/s",
+                              decomp, (attn + decomp) / sec / 1e12, q_len / sec),
+                  fmt::format("{}K {}h", ctx / 1024, heads)});
+    }
+  }
+  report.print("mla_prefill");
+}
+
+}  // namespace mla::bench

@@ -1,0 +1,147 @@
+// Weight-streaming benchmarks through the Backend interface: MoE decode (routed experts of
+// DeepSeek-V3's geometry, FP8 and INT4, bandwidth-bound) and dense linear at prefill sizes
+// (compute-bound, against the cuBLASLt ceiling).
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "bench_gpu.h"
+
+namespace mla::bench {
+
+// Napkin math, one decode step of B tokens, top-8 of 256 experts of 7168 x 2048:
+//   bytes = (unique experts hit) x (gate + up + down, data + scales); FP8: 3 x 14.7 MB + 0.2 MB
+//   scales = 44.3 MB per expert; INT4 (group 32, BF16 scales): 3 x (7.3 + 0.9) MB = 24.8 MB.
+//   FLOPs = B x 8 x 3 x 2 x 7168 x 2048 (negligible: ~0.35 FLOP/B at B=1).
+// Batch 1 FP8: 8 experts = 354 MB -> ~82 us at 4.3 TB/s. Each call's routing is one of 32
+// pre-drawn random sets, so consecutive calls read different experts (no L2 reuse beyond chance).
+void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) {
+  const int num_experts = o.quick ? 32 : 256, hidden = 7168, inter = 2048, top_k = 8, sets = 32;
+  for (const BenchWeight kind : {BenchWeight::FP8, BenchWeight::INT4}) {
+    auto be = make_bench_backend(true);
+    const gpu::Stream s = backend_stream(*be);
+    std::vector<ops::ExpertWeights> experts(static_cast<size_t>(num_experts));
+    HostWeight hw;
+    for (int e = 0; e < num_experts; ++e) {
+      make_host_weight(hw, kind, inter, hidden, uint64_t(e) * 3 + 0);
+      experts[size_t(e)].gate_proj = place(*be, hw);
+      make_host_weight(hw, kind, inter, hidden, uint64_t(e) * 3 + 1);
+      experts[size_t(e)].up_proj = place(*be, hw);
+      make_host_weight(hw, kind, hidden, inter, uint64_t(e) * 3 + 2);
+      experts[size_t(e)].down_proj = place(*be, hw);
+    }
+    const ops::ExpertWeights& e0 = experts.front();
+    const double expert_bytes = double(weight_bytes(e0.gate_proj) + weight_bytes(e0.up_proj) + weight_bytes(e0.down_proj));
+    std::mt19937 rng(17);
+    for (const int batch : {1, 2, 4, 8}) {
+      std::vector<DevTensor> ids(sets), weights(sets);
+      std::vector<int> unique(sets);
+      for (int r = 0; r < sets; ++r) {
+        std::vector<int32_t> h_ids;
+        std::vector<float> h_w;
+        std::set<int32_t> hit;
+        for (int t = 0; t < batch; ++t) {
+          std::vector<int32_t> all(static_cast<size_t>(num_experts));
+          std::iota(all.begin(), all.end(), 0);
+          for (int k = 0; k < top_k; ++k) {  // partial Fisher-Yates: k distinct experts per token
+            std::swap(all[size_t(k)], all[size_t(k) + rng() % size_t(num_experts - k)]);
+            h_ids.push_back(all[size_t(k)]);
+            hit.insert(all[size_t(k)]);
+          }
+          float sum = 0;
+          for (int k = 0; k < top_k; ++k) sum += h_w.emplace_back(0.1f + float(rng() % 1000) / 1000.0f);
+          for (int k = 0; k < top_k; ++k) h_w[h_w.size() - size_t(top_k) + size_t(k)] *= 2.5f / sum;
+        }
+        unique[size_t(r)] = int(hit.size());
+        ids[size_t(r)] = dev_tensor(*be, DType::I32, {batch, top_k});
+        weights[size_t(r)] = dev_tensor(*be, DType::F32, {batch, top_k});
+        be->copy_from_host(ids[size_t(r)].view, h_ids.data());
+        be->copy_from_host(weights[size_t(r)].view, h_w.data());
+      }
+      DevTensor x = dev_tensor(*be, DType::F32, {batch, hidden});
+      DevTensor out = dev_tensor(*be, DType::F32, {batch, hidden});
+      fill_random(x.view, 300 + uint64_t(batch), -1, 1, s);
+      be->synchronize();
+      TimingPlan plan;
+      plan.max_reps = o.quick ? 20 : 200;
+      plan.budget_ms = o.quick ? 100 : 1000;
+      const Timing t = time_on_stream(s, plan, [&](int rep) {
+        be->moe_experts(x.view, ids[size_t(rep % sets)].view, weights[size_t(rep % sets)].view, experts, out.view);
+      });
+      // Bytes differ per call (the number of distinct experts hit): the median of per-call rates.
+      std::vector<double> gbps;
+      for (size_t i = 0; i < t.per_rep_ms.size(); ++i)
+        gbps.push_back(unique[(size_t(plan.warmup) + i) % sets] * expert_bytes / (t.per_rep_ms[i] * 1e-3) / 1e9);
+      std::sort(gbps.begin(), gbps.end());
+      const double mean_unique = std::accumulate(unique.begin(), unique.end(), 0.0) / sets;
+      report.add({"moe_decode",
+                  fmt::format("{} experts {} top-{}, batch {}, {}", num_experts, bench_weight_name(kind), top_k, batch,
+                              "7168x2048"),
+                  t.median_ms, gbps[gbps.size() / 2], "GB/s", c.copy_gbps, "copy BW", 0.7,
+                  fmt::format("{:.1f} unique experts/call avg, {:.1f} MB each", mean_unique, expert_bytes / 1e6),
+                  fmt::format("{} b{}", bench_weight_name(kind), batch)});
+    }
+  }
+  report.print("moe_decode");
+}
+
+// Napkin math: FLOPs = 2 T in out; T 4096 x 7168 -> 18432 is 1.08e12 FLOP (~1.4 ms at 790
+// TFLOP/s) against 264 MB of bf16 weight: compute-bound by ~50x, so no input rotation. The Fp32
+// precision mode feeds three bf16 terms of x (3x the tensor-core FLOPs): its ideal is ~33%.
+void bench_gemm(Report& report, const Ceilings& c, const BenchOptions& o) {
+  struct Shape {
+    int t, in, out;
+  };
+  std::vector<Shape> shapes = {{4096, 7168, 18432}, {4096, 18432, 7168}, {8192, 7168, 7168}};
+  if (o.quick) shapes = {{1024, 7168, 18432}};
+  std::vector<HostWeight> host(shapes.size());
+  for (size_t i = 0; i < shapes.size(); ++i)
+    make_host_weight(host[i], BenchWeight::BF16, shapes[i].out, shapes[i].in, 40 + i);
+  auto run = [&](ops::Backend& be, const ops::Weight& w, int t_rows, const std::string& name, double target,
+                 const std::string& note, const std::string& key) {
+    const gpu::Stream s = backend_stream(be);
+    DevTensor x = dev_tensor(be, DType::F32, {t_rows, w.in_features});
+    DevTensor out = dev_tensor(be, DType::F32, {t_rows, w.out_features});
+    fill_random(x.view, 500 + uint64_t(t_rows), -1, 1, s);
+    TimingPlan plan;
+    plan.min_reps = o.quick ? 3 : 10;
+    plan.max_reps = o.quick ? 5 : 100;
+    plan.budget_ms = o.quick ? 100 : 800;
+    const Timing tm = time_on_stream(s, plan, [&](int) { be.linear(x.view, w, out.view); });
+    const double flops = 2.0 * t_rows * double(w.in_features) * double(w.out_features);
+    report.add({"gemm", name, tm.median_ms, flops / (tm.median_ms * 1e-3) / 1e12, "TFLOP/s", c.bf16_tflops,
+                "bf16 GEMM", target, note, key});
+  };
+  for (const bool bf16 : {true, false}) {
+    auto be = make_bench_backend(bf16);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const ops::Weight w = place(*be, host[i]);
+      run(*be, w, shapes[i].t,
+          fmt::format("linear bf16 W, T {} x {} -> {}, GemmPrecision::{}", shapes[i].t, shapes[i].in, shapes[i].out,
+                      bf16 ? "Bf16" : "Fp32"),
+          bf16 ? 0.85 : 0, bf16 ? "" : "3 bf16 terms of x: ideal ~33%",
+          fmt::format("bf16 {}x{}->{} {}", shapes[i].t, shapes[i].in, shapes[i].out, bf16 ? "Bf16" : "Fp32"));
+    }
+  }
+  // Quantized weights at prefill size, serving precision (reported against the same bf16 ceiling).
+  auto be = make_bench_backend(true);
+  const int t_rows = o.quick ? 1024 : 4096;
+  for (const BenchWeight kind : {BenchWeight::FP8, BenchWeight::INT4}) {
+    for (const Shape& sh : {Shape{t_rows, 7168, 18432}, Shape{t_rows, 18432, 7168}}) {
+      HostWeight hw;
+      make_host_weight(hw, kind, sh.out, sh.in, 60 + uint64_t(kind));
+      const ops::Weight w = place(*be, hw);
+      run(*be, w, sh.t,
+          fmt::format("linear {} W, T {} x {} -> {}, GemmPrecision::Bf16", bench_weight_name(kind), sh.t, sh.in,
+                      sh.out),
+          0, "", fmt::format("{} {}x{}->{}", bench_weight_name(kind), sh.t, sh.in, sh.out));
+    }
+  }
+  report.print("gemm");
+}
+
+}  // namespace mla::bench

@@ -1,0 +1,103 @@
+// The GPU backend class (internal: included by the kernel files, never by host code). One stream per
+// backend, all ops enqueue on it; nothing here synchronizes except copy_to_host and synchronize().
+// Each op group keeps its grow-once scratch in its own state struct (gpu_<group>_state.h), so the
+// groups' files stay independent.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/gpu/gpu.h"
+#include "backend/gpu/gpu_backend.h"
+#include "backend/gpu/gpu_device.cuh"
+#include "backend/gpu/gpu_scratch.h"
+
+namespace mla::gpu {
+
+struct LinearState;    // gpu_linear_state.h
+struct MlaState;       // gpu_mla_state.h
+struct MoeState;       // gpu_moe_state.h
+struct SamplingState;  // gpu_sampling_state.h
+
+class GpuBackend final : public ops::Backend {
+ public:
+  explicit GpuBackend(const GpuBackendOptions& options);
+  ~GpuBackend() override;
+  GpuBackend(const GpuBackend&) = delete;
+  GpuBackend& operator=(const GpuBackend&) = delete;
+
+  std::string_view name() const override { return "gpu"; }
+  Stream stream() const { return stream_; }
+  const GpuBackendOptions& options() const { return options_; }
+  // True while a graph is being recorded: scratch must not grow, nothing may synchronize.
+  bool capturing() const { return capturing_; }
+
+  // memory and graphs (gpu_backend.cu)
+  Buffer alloc(size_t bytes) override;
+  TensorView place_weight(const TensorView& host) override;
+  void copy_from_host(const TensorView& dst, const void* src) override;
+  void copy_to_host(void* dst, const TensorView& src) override;
+  void synchronize() override;
+  std::unique_ptr<ops::OpGraph> capture(const std::function<void()>& record) override;
+
+  // elementwise and normalization (gpu_elementwise.cu)
+  void embedding(const TensorView& ids, const TensorView& table, const TensorView& out) override;
+  void rms_norm(const TensorView& x, const TensorView& weight, float eps, const TensorView& out) override;
+  void add_rms_norm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
+                    const TensorView& out) override;
+  void copy(const TensorView& src, const TensorView& dst) override;
+  void add(const TensorView& a, const TensorView& b, const TensorView& out) override;
+  void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& out) override;
+  void rope(const TensorView& x, const TensorView& positions, const ops::RopeTable& rope) override;
+
+  // GEMM (gpu_linear.cu)
+  void linear(const TensorView& x, const ops::Weight& w, const TensorView& out) override;
+
+  // MLA (gpu_mla.cu)
+  void kv_cache_write(const TensorView& latent, const TensorView& slot_mapping, const TensorView& cache) override;
+  void mla_attention_naive(const TensorView& q, const TensorView& cache, const ops::Weight& kv_b_proj,
+                           const ops::AttentionBatch& batch, const ops::MlaDims& dims,
+                           const TensorView& out) override;
+  void mla_absorb_q(const TensorView& q_nope, const ops::Weight& kv_b_proj, const ops::MlaDims& dims,
+                    const TensorView& out) override;
+  void mla_attention_absorbed(const TensorView& q, const TensorView& cache, const ops::AttentionBatch& batch,
+                              const ops::MlaDims& dims, const TensorView& out) override;
+  void mla_expand_v(const TensorView& o_latent, const ops::Weight& kv_b_proj, const ops::MlaDims& dims,
+                    const TensorView& out) override;
+
+  // MoE (gpu_moe.cu)
+  void moe_route(const TensorView& router_logits, const TensorView& bias, const ops::MoeRouting& routing,
+                 const TensorView& topk_ids, const TensorView& topk_weights) override;
+  void moe_experts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                   std::span<const ops::ExpertWeights> experts, const TensorView& out) override;
+
+  // sampling (gpu_sampling.cu)
+  void softmax(const TensorView& logits, const TensorView& temperature, const TensorView& probs) override;
+  void top_k_renorm_prob(const TensorView& probs, const TensorView& top_k, const TensorView& out) override;
+  void top_p_renorm_prob(const TensorView& probs, const TensorView& top_p, const TensorView& out) override;
+  void min_p_renorm_prob(const TensorView& probs, const TensorView& min_p, const TensorView& out) override;
+  void sample_from_probs(const TensorView& probs, const TensorView& uniforms, const TensorView& out_ids) override;
+  void argmax(const TensorView& logits, const TensorView& out_ids) override;
+
+  // Per-group state, created in the constructor and owned here (definitions in gpu_<group>_state.h).
+  LinearState& linear_state() { return *linear_; }
+  MlaState& mla_state() { return *mla_; }
+  MoeState& moe_state() { return *moe_; }
+  SamplingState& sampling_state() { return *sampling_; }
+
+ private:
+  GpuBackendOptions options_;
+  Stream stream_ = nullptr;
+  bool capturing_ = false;
+  std::vector<Buffer> placed_;  // weights copied to the device by place_weight
+  std::unique_ptr<LinearState> linear_;
+  std::unique_ptr<MlaState> mla_;
+  std::unique_ptr<MoeState> moe_;
+  std::unique_ptr<SamplingState> sampling_;
+};
+
+// Checks that `v` is a tensor in memory of this process's device (a cheap guard against passing a
+// host view to a GPU op, which would fault asynchronously far from the cause).
+void check_device_view(const TensorView& v, const char* op, const char* name);
+
+}  // namespace mla::gpu

@@ -1,0 +1,48 @@
+// Host-side face of the GPU linear op's dispatch, for tests and benchmarks that must pin one kernel
+// path (vendor-free: includes no GPU header). GpuBackend::linear is linear_with_path(..., Auto).
+#pragma once
+
+#include <cstdint>
+
+#include "ops/backend.h"
+
+namespace mla::gpu {
+
+enum class LinearPath : uint8_t {
+  Auto,        // T <= 16: Gemv; T > 16 on CUDA: Blas (Dense BF16), DequantBlas (FP8, INT4); otherwise
+               // Generic. (TensorCore only when forced, or if kDequantInFp32 is turned off.)
+  Generic,     // tiled SIMT fp32 GEMM, any format, any shape (the fallback and the HIP path)
+  Gemv,        // weight-streaming decode kernel (T > 16 runs in groups of 16 tokens)
+  Blas,        // cuBLASLt bf16 x bf16 -> fp32 (Dense BF16 weights, CUDA only)
+  TensorCore,  // mma.sync with in-smem dequantization (FP8, INT4 BF16/F32 scale; CUDA only)
+  DequantBlas, // FP8/INT4 rows dequantized to a bf16 scratch chunk, then Blas (CUDA only): Bf16
+               // precision rounds W to bf16 once; Fp32 splits W into 3 exact bf16 terms (9 products)
+};
+
+// out[T, out] = x[T, in] W^T on the GPU backend `backend` (must be a GpuBackend) through `path`.
+// Same contract as ops::Backend::linear; a path that cannot take the weight is an invariant failure.
+void linear_with_path(ops::Backend& backend, const TensorView& x, const ops::Weight& w, const TensorView& out,
+                      LinearPath path);
+
+// True when this build has the Blas path (CUDA with cuBLASLt).
+bool linear_has_blas();
+
+class GpuBackend;
+// Internal (gpu_linear_blas.cu): the Blas path for validated arguments with T > 0 and a Dense BF16
+// weight. Returns false, having enqueued nothing, when cuBLASLt offers no algorithm for the shape.
+bool linear_blas(GpuBackend& backend, const TensorView& x, const ops::Weight& w, const TensorView& out);
+// Internal (gpu_linear_tc.cu): whether the TensorCore path takes `w` in this build, and the path
+// itself (returns false, having enqueued nothing, when it does not).
+bool linear_tc_supports(const ops::Weight& w);
+bool linear_tc(GpuBackend& backend, const TensorView& x, const ops::Weight& w, const TensorView& out);
+// Internal (gpu_linear_blas.cu): whether the DequantBlas path takes `w` in this build, and the path
+// (returns false when cuBLASLt has no algorithm; it may then have written part of `out`, which the
+// caller's fallback overwrites entirely).
+bool linear_dequant_supports(const ops::Weight& w);
+bool linear_dequant_blas(GpuBackend& backend, const TensorView& x, const ops::Weight& w, const TensorView& out);
+
+// Test knob: caps the weight rows the DequantBlas path dequantizes per chunk on `backend` (a
+// GpuBackend), so small shapes exercise the chunk loop; 0 restores the scratch-budget default.
+void linear_set_dequant_chunk_rows(ops::Backend& backend, int64_t rows);
+
+}  // namespace mla::gpu

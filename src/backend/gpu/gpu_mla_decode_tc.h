@@ -1,0 +1,53 @@
+// Tensor-core MLA decode (absorbed form, MQA over the latent) for a BF16 paged latent cache.
+// Declared constraints (the dispatcher in gpu_mla.cu checks them and pads or falls back):
+//   - query heads a multiple of kMlaTcHeadTile (the dispatcher zero-pads 1..127 heads up to the tile
+//     and slices the output back);
+//   - cache BF16 [num_blocks, block_size, kv_lora_rank + rope_dim] with kv_lora_rank = 512 and
+//     rope_dim = 64 (DeepSeek-V3 / Kimi geometry);
+//   - an NVIDIA GPU with mma.sync bf16 (sm_80+); on HIP builds mla_decode_tc_supported() is false.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/gpu/gpu.h"
+
+namespace mla::gpu {
+
+constexpr int kMlaTcHeadTile = 16;
+
+// One call's arguments. q/out are F32 views with heads padded to `num_heads` (a tile multiple);
+// indptr arrays are device I32 (see ops::AttentionBatch).
+struct MlaDecodeTcArgs {
+  const float* q = nullptr;        // [T, num_heads, kv_lora_rank + rope_dim], row stride q_row_stride
+  int64_t q_row_stride = 0, q_head_stride = 0;
+  const uint16_t* cache = nullptr;  // BF16 [num_blocks, block_size, kv_dim]
+  int block_size = 0;
+  const int32_t* q_indptr = nullptr;
+  const int32_t* kv_lens = nullptr;
+  const int32_t* block_indptr = nullptr;
+  const int32_t* block_ids = nullptr;
+  int num_seqs = 0, num_tokens = 0, num_heads = 0;
+  int kv_lora_rank = 0, rope_dim = 0;
+  // The launch grid may depend only on num_tokens / num_heads (fixed per captured graph), never on
+  // kv_lens contents: a graph replays the same grid while contexts grow. Split-KV ranges are derived
+  // on the device from kv_lens.
+  float softmax_scale = 0;
+  float* out = nullptr;             // [T, num_heads, kv_lora_rank], row stride out_row_stride
+  int64_t out_row_stride = 0, out_head_stride = 0;
+  void* workspace = nullptr;        // mla_decode_tc_workspace_bytes() bytes
+};
+
+// True on an NVIDIA device of compute capability >= 8.0 when num_heads is a positive multiple of
+// kMlaTcHeadTile and (kv_lora_rank, rope_dim) = (512, 64); always false on HIP builds.
+bool mla_decode_tc_supported(int num_heads, int kv_lora_rank, int rope_dim);
+// Split-KV partials for this call's num_tokens / num_heads (a function of those two and the SM count
+// only, like the launch grid); 0 when one split fills the GPU, and then `workspace` may be null.
+size_t mla_decode_tc_workspace_bytes(const MlaDecodeTcArgs& args);
+// Launches the attention kernel (and, with > 1 split, the combine kernel) on `stream`. q's and
+// out's last dims must be contiguous; cache and workspace 16-byte aligned; out must not alias q,
+// cache or workspace; num_tokens <= 65535. Never allocates or synchronizes (graph-capturable).
+// Precision: q and P are rounded to bf16 for the MMAs (fp32 accumulation, fp32 softmax).
+void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream);
+
+}  // namespace mla::gpu

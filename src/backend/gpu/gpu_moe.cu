@@ -1,0 +1,466 @@
+// MoE ops on the GPU: noaux_tc routing (one block per token, exact CPU selection order) and the
+// routed experts (device-built routing plan, then the decode or grouped-GEMM expert kernels and a
+// fixed-slot-order combine). Nothing here syncs or copies per call; expert tables are cached per
+// expert span, so decode steps capture into graphs.
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/gpu/gpu_backend_impl.h"
+#include "backend/gpu/gpu_moe.h"
+#include "backend/gpu/gpu_moe_kernels.cuh"
+#include "backend/gpu/gpu_moe_state.h"
+
+namespace mla::gpu {
+
+namespace {
+
+using moe::Plan;
+
+constexpr int kRouteThreads = 256;
+constexpr int kMaxRouteExperts = 4096;  // 2 E floats of dynamic smem stay under the 48 KB default
+constexpr int kPlanThreads = 1024;
+constexpr int kMaxExperts = 2048;       // plan kernel's smem counters
+constexpr size_t kMaxChunkBytes = size_t(256) << 20;  // h + y scratch per token chunk (prefill)
+constexpr int64_t kDecodeMaxTokens = 16;
+
+// ---- moe_route ------------------------------------------------------------------------------------
+// One block per token. Selection = rank under the CPU's order (score desc, lower index first on
+// ties), so ids match the CPU's partial_sort exactly; weights are summed by thread 0 in slot order
+// like the CPU. Cost: E sigmoids + E rank scans with early exit (a few k comparisons): ~us.
+__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(
+    const float* __restrict__ logits, int64_t logits_stride, const float* __restrict__ bias, int64_t bias_stride,
+    int num_experts, int n_group, int topk_group, int top_k, int norm, float scale, int32_t* __restrict__ ids,
+    int64_t ids_stride, float* __restrict__ weights, int64_t weights_stride) {
+  extern __shared__ float route_smem[];
+  float* s = route_smem;                                   // [E] sigmoid scores
+  float* b = s + num_experts;                              // [E] biased (selection) scores
+  float* gscore = b + num_experts;                         // [n_group]
+  int32_t* chosen = reinterpret_cast<int32_t*>(gscore + n_group);  // [top_k]
+  const int tid = int(threadIdx.x);
+  const float* l = logits + int64_t(blockIdx.x) * logits_stride;
+  for (int k = tid; k < top_k; k += kRouteThreads) chosen[k] = 0;  // only NaN scores leave a rank unset
+  for (int e = tid; e < num_experts; e += kRouteThreads) {
+    s[e] = 1.0f / (1.0f + expf(-l[e]));
+    b[e] = s[e] + (bias != nullptr ? bias[int64_t(e) * bias_stride] : 0.0f);
+  }
+  __syncthreads();
+  if (n_group > 1) {
+    const int gsize = num_experts / n_group;
+    const float ninf = -__int_as_float(0x7f800000);
+    for (int g = tid; g < n_group; g += kRouteThreads) {  // top-2 sum, the CPU's exact loop
+      float first = ninf, second = ninf;
+      for (int e = 0; e < gsize; ++e) {
+        const float v = b[g * gsize + e];
+        if (v > first) {
+          second = first;
+          first = v;
+        } else if (v > second) {
+          second = v;
+        }
+      }
+      gscore[g] = first + second;
+    }
+    __syncthreads();
+    for (int e = tid; e < num_experts; e += kRouteThreads) {
+      const int g = e / gsize;
+      int rank = 0;
+      for (int h = 0; h < n_group; ++h) rank += (gscore[h] > gscore[g] || (gscore[h] == gscore[g] && h < g)) ? 1 : 0;
+      if (rank >= topk_group) b[e] = ninf;
+    }
+    __syncthreads();
+  }
+  for (int e = tid; e < num_experts; e += kRouteThreads) {
+    const float v = b[e];
+    int rank = 0;
+    for (int f = 0; f < num_experts && rank < top_k; ++f) rank += (b[f] > v || (b[f] == v && f < e)) ? 1 : 0;
+    if (rank < top_k) chosen[rank] = e;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int32_t* out_ids = ids + int64_t(blockIdx.x) * ids_stride;
+    float* out_w = weights + int64_t(blockIdx.x) * weights_stride;
+    float sum = 0.0f;
+    for (int k = 0; k < top_k; ++k) sum += s[chosen[k]];
+    const float denom = norm ? sum + 1e-20f : 1.0f;
+    for (int k = 0; k < top_k; ++k) {
+      out_ids[k] = chosen[k];
+      out_w[k] = s[chosen[k]] / denom * scale;
+    }
+  }
+}
+
+// ---- routing plan -------------------------------------------------------------------------------
+__device__ __forceinline__ bool held(const DeviceExpert* table, int num_experts, int e) {
+  return e >= 0 && e < num_experts && table[e].gate.data != nullptr;
+}
+
+// One block: count pairs per held expert, scan (counts, grouped row tiles, active experts), scatter
+// pairs into expert order. All loops are sized by P = T * top_k and E, never by the ids' values.
+// Order inside an expert's segment depends on atomics, but every pair's result is computed
+// independently and stored by pair index, so outputs stay deterministic.
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const DeviceExpert* __restrict__ table,
+                                                                int num_experts, const int32_t* __restrict__ ids,
+                                                                int64_t ids_stride, int num_tokens, int top_k,
+                                                                Plan plan) {
+  __shared__ int count[kMaxExperts];
+  __shared__ int cursor[kMaxExperts];
+  constexpr int kPlanWarps = kPlanThreads / kWarpSize;
+  static_assert(kPlanWarps <= kWarpSize, "warp 0 scans the warp totals");
+  __shared__ int warp_total[3][kPlanWarps];
+  const int tid = int(threadIdx.x);
+  const int pairs = num_tokens * top_k;
+  for (int e = tid; e < num_experts; e += kPlanThreads) count[e] = 0;
+  __syncthreads();
+  for (int p = tid; p < pairs; p += kPlanThreads) {
+    const int e = ids[int64_t(p / top_k) * ids_stride + p % top_k];
+    if (held(table, num_experts, e)) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  const int per = (num_experts + kPlanThreads - 1) / kPlanThreads;
+  const int e0 = min(num_experts, tid * per), e1 = min(num_experts, e0 + per);
+  int own[3] = {0, 0, 0};
+  for (int e = e0; e < e1; ++e) {
+    own[0] += count[e];
+    own[1] += (count[e] + moe::kBM - 1) / moe::kBM;
+    own[2] += count[e] > 0 ? 1 : 0;
+  }
+  // Inclusive block scan of own[]: shuffle Hillis-Steele inside each warp, then warp 0 scans the
+  // warp totals; 2 barriers instead of 2 per step (this kernel is on the batch-1 critical path).
+  const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+  int inc[3] = {own[0], own[1], own[2]};
+  for (int off = 1; off < kWarpSize; off <<= 1)
+    for (int j = 0; j < 3; ++j) {
+      const int t = shfl(inc[j], max(lane - off, 0));
+      if (lane >= off) inc[j] += t;
+    }
+  if (lane == kWarpSize - 1)
+    for (int j = 0; j < 3; ++j) warp_total[j][warp] = inc[j];
+  __syncthreads();
+  if (warp == 0)
+    for (int j = 0; j < 3; ++j) {
+      int v = lane < kPlanWarps ? warp_total[j][lane] : 0;
+      for (int off = 1; off < kWarpSize; off <<= 1) {
+        const int t = shfl(v, max(lane - off, 0));
+        if (lane >= off) v += t;
+      }
+      if (lane < kPlanWarps) warp_total[j][lane] = v;
+    }
+  __syncthreads();
+  for (int j = 0; j < 3; ++j) inc[j] += warp > 0 ? warp_total[j][warp - 1] : 0;
+  int pos = inc[0] - own[0], tile = inc[1] - own[1], act = inc[2] - own[2];
+  for (int e = e0; e < e1; ++e) {
+    plan.offsets[e] = pos;
+    cursor[e] = pos;
+    if (count[e] > 0) plan.active[act++] = e;
+    for (int i = 0; i * moe::kBM < count[e]; ++i) {
+      plan.tile_expert[tile] = e;
+      plan.tile_start[tile++] = pos + i * moe::kBM;
+    }
+    pos += count[e];
+  }
+  if (tid == kPlanThreads - 1) {
+    plan.offsets[num_experts] = inc[0];
+    plan.counters[0] = inc[2];
+    plan.counters[1] = inc[1];
+  }
+  __syncthreads();
+  for (int p = tid; p < pairs; p += kPlanThreads) {
+    const int e = ids[int64_t(p / top_k) * ids_stride + p % top_k];
+    if (held(table, num_experts, e)) plan.sorted[atomicAdd(&cursor[e], 1)] = p;
+  }
+}
+
+// out[t, o] = sum over slots in order of w[t, s] * y[t * k + s, o] (held experts only). Every element
+// of out is written (0 when no slot is held). Bytes: read k * H * 4 per token, write H * 4.
+__global__ void moe_combine_kernel(const DeviceExpert* __restrict__ table, int num_experts,
+                                   const int32_t* __restrict__ ids, int64_t ids_stride,
+                                   const float* __restrict__ w, int64_t w_stride, int top_k,
+                                   const float* __restrict__ y, int64_t hidden, float* __restrict__ out,
+                                   int64_t out_stride) {
+  const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (o >= hidden) return;
+  const int64_t t = blockIdx.y;
+  float acc = 0.0f;
+  for (int s = 0; s < top_k; ++s) {
+    const int e = ids[t * ids_stride + s];
+    if (held(table, num_experts, e)) acc += w[t * w_stride + s] * y[(t * top_k + s) * hidden + o];
+  }
+  out[t * out_stride + o] = acc;
+}
+
+// ---- host helpers ----------------------------------------------------------------------------------
+void check_2d(const TensorView& v, DType dtype, const char* what) {
+  MLA_CHECK(v.dtype == dtype && v.ndim == 2 && v.inner_contiguous(), "{}: {} must be {} 2-D with contiguous rows",
+            what, v.describe(), dtype_name(dtype));
+  MLA_CHECK(v.data != nullptr || v.numel() == 0, "{}: null data", what);
+}
+
+MoeFormat format_of(const ops::Weight& w) {
+  switch (w.format) {
+    case ops::WeightFormat::Dense:
+      if (w.data.dtype == DType::BF16) return MoeFormat::BF16;
+      if (w.data.dtype == DType::F16) return MoeFormat::F16;
+      return MoeFormat::F32;
+    case ops::WeightFormat::Fp8Block128: return MoeFormat::FP8;
+    case ops::WeightFormat::Int4Group32:
+      if (w.scale.dtype == DType::BF16) return MoeFormat::I4_BF16;
+      if (w.scale.dtype == DType::F16) return MoeFormat::I4_F16;
+      return MoeFormat::I4_F32;
+  }
+  return MoeFormat::F32;
+}
+
+// Rows readable as 16-byte aligned chunks (moe::moe_decode_kernel's loads): base and row pitch in
+// bytes both multiples of 16. data_stride counts elements (Dense, FP8) or int32 words (INT4).
+bool chunk_aligned(const DeviceWeight& d) {
+  const auto addr = reinterpret_cast<uintptr_t>(d.data);
+  const int64_t unit = d.format == ops::WeightFormat::Fp8Block128   ? 1
+                       : d.format == ops::WeightFormat::Int4Group32 ? 4
+                                                                    : int64_t(dtype_size(d.data_dtype));
+  return addr % 16 == 0 && (d.data_stride * unit) % 16 == 0;
+}
+
+// True when `d` is still device_weight(w): the table entry can be reused as is.
+bool same_weight(const ops::Weight& w, const DeviceWeight& d) {
+  const bool dense = w.format == ops::WeightFormat::Dense;
+  return d.format == w.format && d.out == w.out_features && d.in == w.in_features && d.data == w.data.data &&
+         d.data_dtype == w.data.dtype && d.data_stride == w.data.stride[0] &&
+         d.scale == (dense ? nullptr : w.scale.data) && (dense || (d.scale_dtype == w.scale.dtype &&
+                                                                   d.scale_stride == w.scale.stride[0]));
+}
+
+bool same_source(const ops::ExpertWeights& ew, const DeviceExpert& d) {
+  if (ew.gate_proj.empty()) return d.gate.data == nullptr;
+  return same_weight(ew.gate_proj, d.gate) && same_weight(ew.up_proj, d.up) && same_weight(ew.down_proj, d.down);
+}
+
+void check_expert_weight(const ops::Weight& w, int64_t out_features, int64_t in_features, size_t e,
+                         const char* name) {
+  const Status st = ops::validate_weight(w);
+  MLA_CHECK(st.is_ok(), "expert {} {}: {}", e, name, st.message());
+  MLA_CHECK(w.out_features == out_features && w.in_features == in_features, "expert {} {} is [{}, {}], want [{}, {}]",
+            e, name, w.out_features, w.in_features, out_features, in_features);
+}
+
+// The cached device table of `experts`, (re)built outside capture when the span is new or changed.
+const MoeExpertTable& expert_table(GpuBackend& backend, std::span<const ops::ExpertWeights> experts) {
+  MoeState& state = backend.moe_state();
+  std::unique_ptr<MoeExpertTable>* slot = nullptr;
+  for (auto& t : state.tables)
+    if (t->key_data == experts.data() && t->key_size == experts.size()) slot = &t;
+  if (slot != nullptr) {
+    bool same = true;
+    for (size_t e = 0; e < experts.size() && same; ++e) same = same_source(experts[e], (*slot)->host[e]);
+    if (same) return **slot;
+  }
+  MLA_CHECK(!backend.capturing(), "moe_experts: new expert table ({} experts) needed while capturing a graph",
+            experts.size());
+  auto table_ptr = std::make_unique<MoeExpertTable>();
+  MoeExpertTable& table = *table_ptr;
+  table.key_data = experts.data();
+  table.key_size = experts.size();
+  table.host.resize(experts.size());
+  bool first = true;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const ops::ExpertWeights& ew = experts[e];
+    if (ew.gate_proj.empty()) continue;  // not held by this rank
+    if (first) {
+      table.inter = ew.gate_proj.out_features;
+      table.hidden = ew.gate_proj.in_features;
+      table.format = format_of(ew.gate_proj);
+      first = false;
+    }
+    check_expert_weight(ew.gate_proj, table.inter, table.hidden, e, "gate_proj");
+    check_expert_weight(ew.up_proj, table.inter, table.hidden, e, "up_proj");
+    check_expert_weight(ew.down_proj, table.hidden, table.inter, e, "down_proj");
+    MLA_CHECK(format_of(ew.gate_proj) == table.format && format_of(ew.up_proj) == table.format &&
+                  format_of(ew.down_proj) == table.format,
+              "moe_experts: expert {} mixes weight formats (one format per expert set)", e);
+    DeviceExpert& d = table.host[e];
+    d.gate = device_weight(ew.gate_proj);
+    d.up = device_weight(ew.up_proj);
+    d.down = device_weight(ew.down_proj);
+    d.vec_gate_up = chunk_aligned(d.gate) && chunk_aligned(d.up) ? 1 : 0;
+    d.vec_down = chunk_aligned(d.down) ? 1 : 0;
+  }
+  if (!experts.empty()) {
+    const size_t bytes = experts.size() * sizeof(DeviceExpert);
+    table.device = backend.alloc(bytes);
+    // The host vector lives in the cache, so the async copy's source outlives the copy.
+    MLA_GPU_CHECK(memcpy_h2d(table.device.data(), table.host.data(), bytes, backend.stream()));
+  }
+  if (slot != nullptr) *slot = std::move(table_ptr);  // frees the stale table (cudaFree waits for its users)
+  else state.tables.push_back(std::move(table_ptr));
+  return table;
+}
+
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+struct ExpertLaunch {
+  const DeviceExpert* table;
+  Plan plan;
+  const float* x;
+  int64_t x_stride;
+  int x_vec;
+  int top_k;
+  int64_t hidden, inter, inter_pad;
+  float* h;
+  float* y;
+  int slots, max_tiles, pairs;
+};
+
+template <MoeFormat F> void launch_experts(const ExpertLaunch& a, bool decode, Stream stream) {
+  if (decode) {
+    constexpr int kRowsGateUp = moe::kThreads / kWarpSize * moe::decode_rows<F, true>();
+    constexpr int kRowsDown = moe::kThreads / kWarpSize * moe::decode_rows<F, false>();
+    const dim3 g1(unsigned(a.slots), unsigned((a.inter + kRowsGateUp - 1) / kRowsGateUp));
+    moe::moe_decode_kernel<F, true><<<g1, moe::kThreads, 0, stream>>>(a.table, a.plan, a.x, a.x_stride, a.x_vec,
+                                                                      a.top_k, a.inter, a.hidden, a.h, a.inter_pad);
+    MLA_GPU_LAUNCH_CHECK();
+    const dim3 g2(unsigned(a.slots), unsigned((a.hidden + kRowsDown - 1) / kRowsDown));
+    moe::moe_decode_kernel<F, false><<<g2, moe::kThreads, 0, stream>>>(a.table, a.plan, a.h, a.inter_pad, 1,
+                                                                       a.top_k, a.hidden, a.inter, a.y, a.hidden);
+    MLA_GPU_LAUNCH_CHECK();
+  } else {
+    const dim3 g1(unsigned(a.max_tiles), unsigned((a.inter + moe::kBN - 1) / moe::kBN));
+    moe::moe_grouped_kernel<F, true><<<g1, moe::kThreads, 0, stream>>>(a.table, a.plan, a.x, a.x_stride, a.top_k,
+                                                                       a.inter, a.hidden, a.h, a.inter_pad);
+    MLA_GPU_LAUNCH_CHECK();
+    const dim3 g2(unsigned(a.max_tiles), unsigned((a.hidden + moe::kBN - 1) / moe::kBN));
+    moe::moe_grouped_kernel<F, false><<<g2, moe::kThreads, 0, stream>>>(a.table, a.plan, a.h, a.inter_pad, a.top_k,
+                                                                        a.hidden, a.inter, a.y, a.hidden);
+    MLA_GPU_LAUNCH_CHECK();
+  }
+}
+
+void dispatch_experts(MoeFormat f, const ExpertLaunch& a, bool decode, Stream stream) {
+  switch (f) {
+    case MoeFormat::BF16: return launch_experts<MoeFormat::BF16>(a, decode, stream);
+    case MoeFormat::F16: return launch_experts<MoeFormat::F16>(a, decode, stream);
+    case MoeFormat::F32: return launch_experts<MoeFormat::F32>(a, decode, stream);
+    case MoeFormat::FP8: return launch_experts<MoeFormat::FP8>(a, decode, stream);
+    case MoeFormat::I4_BF16: return launch_experts<MoeFormat::I4_BF16>(a, decode, stream);
+    case MoeFormat::I4_F16: return launch_experts<MoeFormat::I4_F16>(a, decode, stream);
+    case MoeFormat::I4_F32: return launch_experts<MoeFormat::I4_F32>(a, decode, stream);
+  }
+}
+
+}  // namespace
+
+void set_moe_path(ops::Backend& gpu, MoePath path) {
+  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
+  MLA_CHECK(backend != nullptr, "set_moe_path: backend '{}' is not the GPU backend", gpu.name());
+  backend->moe_state().path = path;
+}
+
+void GpuBackend::moe_route(const TensorView& router_logits, const TensorView& bias, const ops::MoeRouting& routing,
+                           const TensorView& topk_ids, const TensorView& topk_weights) {
+  check_2d(router_logits, DType::F32, "moe_route router_logits");
+  check_2d(topk_ids, DType::I32, "moe_route topk_ids");
+  check_2d(topk_weights, DType::F32, "moe_route topk_weights");
+  const int64_t num_tokens = router_logits.dim(0), num_experts = router_logits.dim(1);
+  const int64_t top_k = routing.top_k, n_group = routing.n_group, topk_group = routing.topk_group;
+  MLA_CHECK(topk_ids.dim(0) == num_tokens && topk_ids.dim(1) == top_k && topk_weights.dim(0) == num_tokens &&
+                topk_weights.dim(1) == top_k,
+            "moe_route: logits {} ids {} weights {} top_k {}", router_logits.describe(), topk_ids.describe(),
+            topk_weights.describe(), top_k);
+  const bool has_bias = bias.data != nullptr;
+  if (has_bias)
+    MLA_CHECK(bias.dtype == DType::F32 && bias.ndim == 1 && bias.dim(0) == num_experts,
+              "moe_route bias: {} (want F32[{}])", bias.describe(), num_experts);
+  MLA_CHECK(n_group >= 1 && num_experts % n_group == 0 && topk_group >= 1 && topk_group <= n_group,
+            "moe_route: {} experts in {} groups, keep {}", num_experts, n_group, topk_group);
+  const int64_t group_size = num_experts / n_group;
+  MLA_CHECK(n_group == 1 || group_size >= 2, "moe_route: group score needs >= 2 experts per group, got {}",
+            group_size);
+  MLA_CHECK(top_k >= 1 && top_k <= topk_group * group_size, "moe_route: top_k {} of {} selectable experts", top_k,
+            topk_group * group_size);
+  MLA_CHECK(num_experts <= kMaxRouteExperts, "moe_route: {} experts (at most {})", num_experts, kMaxRouteExperts);
+  if (num_tokens == 0) return;
+  const size_t smem = size_t(2 * num_experts + n_group) * sizeof(float) + size_t(top_k) * sizeof(int32_t);
+  moe_route_kernel<<<unsigned(num_tokens), kRouteThreads, smem, stream()>>>(
+      router_logits.as<const float>(), router_logits.stride[0], has_bias ? bias.as<const float>() : nullptr,
+      has_bias ? bias.stride[0] : 0, int(num_experts), int(n_group), int(topk_group), int(top_k),
+      routing.norm_topk_prob ? 1 : 0, routing.routed_scaling_factor, topk_ids.as<int32_t>(), topk_ids.stride[0],
+      topk_weights.as<float>(), topk_weights.stride[0]);
+  MLA_GPU_LAUNCH_CHECK();
+}
+
+void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                             std::span<const ops::ExpertWeights> experts, const TensorView& out) {
+  check_2d(x, DType::F32, "moe_experts x");
+  check_2d(out, DType::F32, "moe_experts out");
+  check_2d(topk_ids, DType::I32, "moe_experts topk_ids");
+  check_2d(topk_weights, DType::F32, "moe_experts topk_weights");
+  MLA_CHECK(same_shape(x, out), "moe_experts: x {} out {}", x.describe(), out.describe());
+  MLA_CHECK(x.numel() == 0 || x.data != out.data, "moe_experts: out aliases x");
+  const int64_t num_tokens = x.dim(0), hidden = x.dim(1), top_k = topk_ids.dim(1);
+  MLA_CHECK(topk_ids.dim(0) == num_tokens && topk_weights.dim(0) == num_tokens && topk_weights.dim(1) == top_k,
+            "moe_experts: x {} ids {} weights {}", x.describe(), topk_ids.describe(), topk_weights.describe());
+  const int64_t num_experts = int64_t(experts.size());
+  MLA_CHECK(num_experts <= kMaxExperts, "moe_experts: {} experts (at most {})", num_experts, kMaxExperts);
+  if (num_tokens == 0 || hidden == 0) return;
+  // Ids outside [0, E) cannot be checked without a sync: such pairs contribute 0 (the CPU aborts).
+  const MoeExpertTable& table = expert_table(*this, experts);
+  const int64_t inter = table.inter;
+  MLA_CHECK(inter == 0 || table.hidden == hidden, "moe_experts: experts take {} features, x has {}", table.hidden,
+            hidden);
+  const MoePath path = moe_->path != MoePath::Auto ? moe_->path
+                                                   : (num_tokens <= kDecodeMaxTokens ? MoePath::Decode : MoePath::Grouped);
+
+  // Token chunks bound the [pairs, I] + [pairs, H] intermediates (prefill only; decode is one chunk).
+  const int64_t inter_pad = (inter + 3) / 4 * 4;  // 16-byte aligned h rows for the decode down pass
+  const int64_t per_token = std::max<int64_t>(1, top_k * (inter_pad + hidden) * int64_t(sizeof(float)));
+  const int64_t chunk = std::clamp<int64_t>(int64_t(kMaxChunkBytes) / per_token, 1, std::min<int64_t>(num_tokens, 65535));
+  const int64_t max_pairs = chunk * top_k;
+  const int64_t max_tiles = (max_pairs + moe::kBM - 1) / moe::kBM + std::min(num_experts, max_pairs);
+  const size_t sz_offsets = align_up(size_t(num_experts + 1) * 4, 256), sz_active = align_up(size_t(num_experts + 1) * 4, 256);
+  const size_t sz_sorted = align_up(size_t(max_pairs + 1) * 4, 256), sz_tiles = align_up(size_t(max_tiles + 1) * 4, 256);
+  const size_t sz_counters = 256, sz_h = align_up(size_t(max_pairs * inter_pad) * 4, 256);
+  const size_t sz_y = align_up(size_t(max_pairs * hidden) * 4, 256);
+  char* base = static_cast<char*>(moe_->scratch.get(
+      *this, sz_offsets + sz_active + sz_sorted + 2 * sz_tiles + sz_counters + sz_h + sz_y));
+  Plan plan;
+  plan.offsets = reinterpret_cast<int32_t*>(base);
+  plan.active = reinterpret_cast<int32_t*>(base += sz_offsets);
+  plan.sorted = reinterpret_cast<int32_t*>(base += sz_active);
+  plan.tile_expert = reinterpret_cast<int32_t*>(base += sz_sorted);
+  plan.tile_start = reinterpret_cast<int32_t*>(base += sz_tiles);
+  plan.counters = reinterpret_cast<int32_t*>(base += sz_tiles);
+  float* h = reinterpret_cast<float*>(base += sz_counters);
+  float* y = reinterpret_cast<float*>(base += sz_h);
+
+  const auto* dev_table = static_cast<const DeviceExpert*>(table.device.data());
+  for (int64_t t0 = 0; t0 < num_tokens; t0 += chunk) {
+    const int64_t tn = std::min(chunk, num_tokens - t0), pairs = tn * top_k;
+    const int32_t* ids = topk_ids.at<const int32_t>(t0);
+    moe_plan_kernel<<<1, kPlanThreads, 0, stream()>>>(dev_table, int(num_experts), ids, topk_ids.stride[0], int(tn),
+                                                      int(top_k), plan);
+    MLA_GPU_LAUNCH_CHECK();
+    if (inter > 0 && pairs > 0) {
+      ExpertLaunch a;
+      a.table = dev_table;
+      a.plan = plan;
+      a.x = x.at<const float>(t0);
+      a.x_stride = x.stride[0];
+      a.x_vec = (reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && x.stride[0] % 4 == 0) ? 1 : 0;
+      a.top_k = int(top_k);
+      a.hidden = hidden;
+      a.inter = inter;
+      a.inter_pad = inter_pad;
+      a.h = h;
+      a.y = y;
+      a.slots = int(std::min(num_experts, pairs));
+      a.pairs = int(pairs);
+      a.max_tiles = int((pairs + moe::kBM - 1) / moe::kBM + std::min(num_experts, pairs));
+      dispatch_experts(table.format, a, path == MoePath::Decode, stream());
+    }
+    const dim3 grid(unsigned((hidden + 255) / 256), unsigned(tn));
+    moe_combine_kernel<<<grid, 256, 0, stream()>>>(dev_table, int(num_experts), ids, topk_ids.stride[0],
+                                                   topk_weights.at<const float>(t0), topk_weights.stride[0],
+                                                   int(top_k), y, hidden, out.at<float>(t0), out.stride[0]);
+    MLA_GPU_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace mla::gpu

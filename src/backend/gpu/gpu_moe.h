@@ -1,0 +1,15 @@
+// Host-visible knob of the GPU MoE ops (plain C++, included by tests): which moe_experts path runs.
+// Auto picks the decode (weight-streaming GEMV) path for small batches and the grouped GEMM path for
+// prefill; tests force each path so both are checked against the CPU at every size.
+#pragma once
+
+#include "ops/backend.h"
+
+namespace mla::gpu {
+
+enum class MoePath { Auto, Decode, Grouped };
+
+// Sets the moe_experts path of `gpu` (a GpuBackend); Auto is the default.
+void set_moe_path(ops::Backend& gpu, MoePath path);
+
+}  // namespace mla::gpu

@@ -1,0 +1,44 @@
+// Grow-once scratch and cached expert tables of the moe op group (owned by GpuBackend, one per
+// backend). The table cache trades a little device memory (one small table per MoE layer) for
+// zero per-call H2D copies, which graph replay requires anyway.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/gpu/gpu_device.cuh"
+#include "backend/gpu/gpu_moe.h"
+#include "backend/gpu/gpu_scratch.h"
+
+namespace mla::gpu {
+
+// One expert as the kernels see it. gate.data == nullptr: not held by this rank (contributes 0).
+// vec_*: rows can be read in 16-byte aligned chunks (else the decode path's scalar loop runs).
+struct DeviceExpert {
+  DeviceWeight gate, up, down;
+  int32_t vec_gate_up = 0, vec_down = 0;
+};
+
+// Weight storage formats the expert kernels are instantiated for (one per table: every held
+// expert's gate/up/down share it).
+enum class MoeFormat : int32_t { BF16, F16, F32, FP8, I4_BF16, I4_F16, I4_F32 };
+
+struct MoeExpertTable {
+  const void* key_data = nullptr;     // experts.data() and experts.size() of the span it mirrors
+  size_t key_size = 0;
+  Buffer device;                      // DeviceExpert[num_experts]
+  std::vector<DeviceExpert> host;     // the same, to validate the cache key on every call
+  int64_t hidden = 0, inter = 0;      // 0 when no expert is held
+  MoeFormat format = MoeFormat::BF16;
+};
+
+struct MoeState {
+  Scratch scratch;
+  MoePath path = MoePath::Auto;
+  // One table per MoE layer's expert span, found by (data, size): a few dozen entries, linear search
+  // (std::map of these trips a clang 15 HIP crash).
+  std::vector<std::unique_ptr<MoeExpertTable>> tables;
+};
+
+}  // namespace mla::gpu

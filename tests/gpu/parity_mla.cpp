@@ -1,0 +1,342 @@
+// GPU parity of the MLA ops: cache writes (F32 / BF16 cache), absorb_q / expand_v over packed
+// weights, absorbed attention through every dispatch path (generic fp32 kernel, tensor-core kernel,
+// Auto) and naive attention (chunked decompression; the fp32 chunk kernel, and on a GemmPrecision::Bf16
+// backend the tensor-core one and its fallback). Batches mix decode rows and prefill chunks, use
+// shuffled block ids, spare blocks and kv_lens off the block edges; the cache is written through
+// kv_cache_write on both backends so both attend over identical bytes.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+
+#include "backend/gpu/gpu_backend.h"
+#include "backend/gpu/gpu_mla.h"
+#include "gpu/parity.h"
+
+namespace mla::test {
+namespace {
+
+struct SeqSpec {
+  int32_t q_len, kv_len;
+};
+
+// A step's batch on both backends. Heap-held (the host spans point into the vectors).
+struct MlaBatch {
+  std::vector<int32_t> q_indptr{0}, kv_lens, block_indptr{0}, block_ids, slots;
+  int64_t tokens = 0, num_blocks = 0;
+  int block_size = 0;
+  Twin q_indptr_t, kv_lens_t, block_indptr_t, block_ids_t, slots_t;
+  ops::AttentionBatch cpu, gpu;
+};
+
+std::unique_ptr<MlaBatch> make_mla_batch(std::mt19937& rng, const std::vector<SeqSpec>& seqs, int block_size) {
+  auto b = std::make_unique<MlaBatch>();
+  b->block_size = block_size;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    b->q_indptr.push_back(b->q_indptr.back() + seqs[s].q_len);
+    b->kv_lens.push_back(seqs[s].kv_len);
+    // Every other sequence owns a spare block past its need (tables may be longer than kv_len).
+    const int32_t blocks = (seqs[s].kv_len + block_size - 1) / block_size + int32_t(s % 2);
+    b->block_indptr.push_back(b->block_indptr.back() + blocks);
+  }
+  b->tokens = b->q_indptr.back();
+  b->num_blocks = b->block_indptr.back() + 3;  // three blocks nobody owns
+  std::vector<int32_t> perm(size_t(b->num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  b->block_ids.assign(perm.begin(), perm.begin() + b->block_indptr.back());
+  if (b->block_ids.empty()) b->block_ids.push_back(0);  // a 0-length twin is not allocatable
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (int32_t p = seqs[s].kv_len - seqs[s].q_len; p < seqs[s].kv_len; ++p)
+      b->slots.push_back(b->block_ids[size_t(b->block_indptr[s] + p / block_size)] * block_size + p % block_size);
+  const int64_t n = int64_t(seqs.size());
+  b->q_indptr_t = twin_from_ints(b->q_indptr, {n + 1});
+  b->kv_lens_t = twin_from_ints(b->kv_lens, {n});
+  b->block_indptr_t = twin_from_ints(b->block_indptr, {n + 1});
+  b->block_ids_t = twin_from_ints(b->block_ids, {int64_t(b->block_ids.size())});
+  b->slots_t = twin_from_ints(b->slots, {b->tokens});
+  for (bool on_gpu : {false, true}) {
+    ops::AttentionBatch& ab = on_gpu ? b->gpu : b->cpu;
+    ab.num_seqs = int(n);
+    ab.block_size = block_size;
+    ab.q_indptr = pick(b->q_indptr_t, on_gpu);
+    ab.kv_lens = pick(b->kv_lens_t, on_gpu);
+    ab.block_indptr = pick(b->block_indptr_t, on_gpu);
+    ab.block_ids = pick(b->block_ids_t, on_gpu);
+    ab.slot_mapping = pick(b->slots_t, on_gpu);
+    ab.host_q_indptr = b->q_indptr;
+    ab.host_kv_lens = b->kv_lens;
+    ab.host_block_indptr = b->block_indptr;
+    ab.host_block_ids = b->block_ids;
+  }
+  return b;
+}
+
+const ops::AttentionBatch& pick(const MlaBatch& b, bool on_gpu) { return on_gpu ? b.gpu : b.cpu; }
+
+// A random cache (every slot random, identical on both sides) whose new-token slots are then written
+// by kv_cache_write on each backend from strided latent rows.
+Twin make_cache(std::mt19937& rng, const MlaBatch& b, DType dtype, int64_t kv_dim) {
+  Twin cache = twin_random(rng, dtype, {b.num_blocks, b.block_size, kv_dim});
+  if (b.tokens == 0) return cache;
+  Twin latent = twin_random(rng, DType::F32, {b.tokens, kv_dim + 5}).slice(1, 0, kv_dim);
+  run_both([&](ops::Backend& be, bool g) { be.kv_cache_write(pick(latent, g), pick(b, g).slot_mapping, pick(cache, g)); });
+  return cache;
+}
+
+ops::MlaDims mla_dims(int heads, int d_n, int d_r, int d_v, int rank) {
+  ops::MlaDims d;
+  d.num_heads = heads;
+  d.qk_nope_head_dim = d_n;
+  d.qk_rope_head_dim = d_r;
+  d.v_head_dim = d_v;
+  d.kv_lora_rank = rank;
+  d.softmax_scale = 1.0f / std::sqrt(float(d_n + d_r));
+  return d;
+}
+ops::MlaDims real_dims(int heads) { return mla_dims(heads, 128, 64, 128, 512); }
+
+std::string seqs_name(const std::vector<SeqSpec>& seqs) {
+  std::string s;
+  for (const auto& q : seqs) s += fmt::format("{}{}/{}", s.empty() ? "" : ",", q.q_len, q.kv_len);
+  return s;
+}
+
+// ---- kv_cache_write ------------------------------------------------------------------------------
+
+TEST(GpuParityMla, KvCacheWrite) {
+  std::mt19937 rng(301);
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int64_t kv_dim : {int64_t(40), int64_t(576)}) {
+      auto b = make_mla_batch(rng, {{5, 21}, {1, 40}, {17, 17}, {1, 1}, {13, 301}}, 16);
+      // Untouched slots keep their (shared) random bytes, so comparing the whole cache exactly also
+      // catches a write to a wrong slot. BF16: both round with RNE from the same fp32: exact.
+      Twin cache = make_cache(rng, *b, dtype, kv_dim);
+      EXPECT_TRUE(check_parity("kv_cache_write", fmt::format("{} kv_dim {} T {}", dtype_name(dtype), kv_dim, b->tokens),
+                               cache, Tolerance{0, 0, "a copy (bf16: the same RNE rounding)"}));
+    }
+}
+
+// ---- absorb_q / expand_v -------------------------------------------------------------------------
+
+// fp32 sums of K products (|w| <= 0.5, |x| < 1) in another association (FMA, lane-strided partial
+// sums): error <= K eps sum|terms|, about 1e-6 relative in practice.
+const Tolerance kGemmTol{2e-5, 1e-5, "fp32 accumulation of <= 512 products, other association"};
+
+void absorb_expand_case(std::mt19937& rng, WeightKind kind, const ops::MlaDims& d, int64_t tokens) {
+  const int64_t heads = d.num_heads, dn = d.qk_nope_head_dim, dr = d.qk_rope_head_dim, dv = d.v_head_dim;
+  const int64_t r = d.kv_lora_rank;
+  TwinWeight kv_b;
+  make_twin_weight(kv_b, rng, kind, heads * (dn + dv), r);
+  const std::string name = fmt::format("{} H {} T {} dn {} dv {} r {}", weight_kind_name(kind), heads, tokens, dn, dv, r);
+  // q_nope: the first dn of [dn + dr] per head; out: the first r of [r + dr] per head (as the model).
+  Twin q = twin_random(rng, DType::F32, {tokens, heads, dn + dr}).slice(2, 0, dn);
+  Twin qa = twin_output(DType::F32, {tokens, heads, r + dr}).slice(2, 0, r);
+  run_both([&](ops::Backend& be, bool g) { be.mla_absorb_q(pick(q, g), pick(kv_b, g), d, pick(qa, g)); });
+  EXPECT_TRUE(check_parity("mla_absorb_q", name, qa, kGemmTol));
+
+  Twin o = twin_random(rng, DType::F32, {tokens, heads, r + 3}).slice(2, 0, r);
+  Twin ov = twin_output(DType::F32, {tokens, heads, dv + 2}).slice(2, 0, dv);
+  run_both([&](ops::Backend& be, bool g) { be.mla_expand_v(pick(o, g), pick(kv_b, g), d, pick(ov, g)); });
+  EXPECT_TRUE(check_parity("mla_expand_v", name, ov, kGemmTol));
+}
+
+TEST(GpuParityMla, AbsorbQAndExpandV) {
+  std::mt19937 rng(302);
+  for (WeightKind kind : {WeightKind::BF16, WeightKind::FP8, WeightKind::INT4_BF16})
+    for (int heads : {1, 12, 20})
+      for (int64_t tokens : {int64_t(1), int64_t(5), int64_t(37)})
+        // r = 160: one full and one partial 128-column tile; d_n, d_v not multiples of 16.
+        absorb_expand_case(rng, kind, mla_dims(heads, 24, 8, 40, 160), tokens);
+  absorb_expand_case(rng, WeightKind::FP8, real_dims(16), 9);
+  absorb_expand_case(rng, WeightKind::INT4_BF16, real_dims(16), 1);
+}
+
+// ---- absorbed attention --------------------------------------------------------------------------
+
+// fp32 end to end on both sides, over the same cache values (a BF16 cache is widened exactly by both):
+// dots of kv_dim terms and an online softmax in another order, ~1e-6 relative.
+const Tolerance kAttnTol{1e-5, 1e-5, "fp32 dots and online softmax, other order"};
+
+// Runs absorbed attention on both backends (the GPU through `path`); returns the output twin.
+Twin run_absorbed(std::mt19937& rng, const MlaBatch& b, const Twin& cache, const ops::MlaDims& d,
+                  gpu::MlaAttnPath path) {
+  const int64_t heads = d.num_heads, kv_dim = d.kv_dim(), r = d.kv_lora_rank;
+  Twin q = twin_random(rng, DType::F32, {b.tokens, heads, kv_dim + 4}).slice(2, 0, kv_dim);
+  Twin out = twin_output(DType::F32, {b.tokens, heads, r + 8}).slice(2, 0, r);
+  run_both([&](ops::Backend& be, bool g) {
+    if (g) gpu::mla_attention_absorbed_with_path(be, q.gpu, cache.gpu, b.gpu, d, out.gpu, path);
+    else be.mla_attention_absorbed(q.cpu, cache.cpu, b.cpu, d, out.cpu);
+  });
+  return out;
+}
+
+// The tensor-core path rounds q and P to bf16 (8 significant bits) before the MMAs, fp32 accumulation:
+// each output is a convex mix of cache values, so its error is ~2^-8 of the largest output.
+Tolerance tc_tolerance(const Twin& out) {
+  float big = 0.0f;
+  for (float v : cpu_values(out)) big = std::max(big, std::fabs(v));
+  return Tolerance{2e-2 * double(big), 0, "bf16 q and P in the tensor-core MMAs: 2e-2 of max|out|"};
+}
+
+TEST(GpuParityMla, AbsorbedGenericHeadSweepF32Cache) {
+  std::mt19937 rng(303);
+  const std::vector<SeqSpec> seqs = {{1, 2999}, {5, 37}, {1, 1}, {3, 16}, {0, 9}, {1, 700}, {11, 1034}};
+  for (int heads : {1, 7, 8, 12, 16, 20, 64, 128}) {
+    auto b = make_mla_batch(rng, seqs, 16);
+    const ops::MlaDims d = real_dims(heads);
+    Twin cache = make_cache(rng, *b, DType::F32, d.kv_dim());
+    Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Generic);
+    EXPECT_TRUE(check_parity("mla_absorbed generic", fmt::format("f32 cache H {} seqs {}", heads, seqs_name(seqs)), out,
+                             kAttnTol));
+  }
+}
+
+TEST(GpuParityMla, AbsorbedGenericOddDimsAndBf16Cache) {
+  std::mt19937 rng(304);
+  // Tiny odd geometry (r not a multiple of the 128 columns per pass, kv_dim 41) and a block size of 7.
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int heads : {1, 9, 20}) {
+      const std::vector<SeqSpec> seqs = {{1, 50}, {19, 19}, {2, 130}, {1, 3}};
+      auto b = make_mla_batch(rng, seqs, 7);
+      const ops::MlaDims d = mla_dims(heads, 16, 9, 16, 32);
+      Twin cache = make_cache(rng, *b, dtype, d.kv_dim());
+      Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Generic);
+      EXPECT_TRUE(check_parity("mla_absorbed generic", fmt::format("{} cache H {} r 32 d_r 9 bs 7", dtype_name(dtype),
+                                                                   heads), out, kAttnTol));
+    }
+  // The real geometry over a BF16 cache through the generic path stays fp32-tight.
+  const std::vector<SeqSpec> seqs = {{1, 2500}, {4, 100}, {1, 65}};
+  auto b = make_mla_batch(rng, seqs, 64);
+  const ops::MlaDims d = real_dims(128);
+  Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
+  Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Generic);
+  EXPECT_TRUE(check_parity("mla_absorbed generic", "bf16 cache H 128 real dims bs 64", out, kAttnTol));
+}
+
+TEST(GpuParityMla, AbsorbedAutoEveryHeadCountBf16Cache) {
+  std::mt19937 rng(305);
+  const std::vector<SeqSpec> seqs = {{1, 40}, {1, 1}, {1, 129}, {1, 64}};
+  for (int heads = 1; heads <= 128; ++heads) {
+    auto b = make_mla_batch(rng, seqs, 64);
+    const ops::MlaDims d = real_dims(heads);
+    Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
+    Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Auto);
+    const bool tc = gpu::mla_attention_uses_tensor_cores(DType::BF16, d);
+    EXPECT_TRUE(check_parity("mla_absorbed auto", fmt::format("{} H {} decode ctx<=129", tc ? "tc" : "generic", heads),
+                             out, tc ? tc_tolerance(out) : kAttnTol));
+  }
+}
+
+TEST(GpuParityMla, AbsorbedTensorCoreLongContextAndMixed) {
+  if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, real_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
+  std::mt19937 rng(306);
+  for (int heads : {16, 20, 128}) {
+    for (const std::vector<SeqSpec>& seqs : std::vector<std::vector<SeqSpec>>{
+             {{1, 2999}, {1, 1}, {1, 1025}, {1, 640}},  // decode only
+             {{1, 3000}, {6, 70}, {1, 5}, {17, 17}}}) {  // decode rows and prefill chunks
+      auto b = make_mla_batch(rng, seqs, 64);
+      const ops::MlaDims d = real_dims(heads);
+      Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
+      Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::TensorCore);
+      EXPECT_TRUE(check_parity("mla_absorbed tc", fmt::format("H {} seqs {}", heads, seqs_name(seqs)), out,
+                               tc_tolerance(out)));
+    }
+  }
+}
+
+// ---- naive attention -----------------------------------------------------------------------------
+
+// Runs naive attention on the CPU and on `gpu_be` (the shared backend unless a test brings its own,
+// e.g. one in GemmPrecision::Bf16); `tol` null = tc_tolerance of the output.
+void naive_case_on(ops::Backend& gpu_be, std::mt19937& rng, const ops::MlaDims& d, const std::vector<SeqSpec>& seqs,
+                   DType cache_dtype, int block_size, const Tolerance* tol, const std::string& tag) {
+  auto b = make_mla_batch(rng, seqs, block_size);
+  const int64_t heads = d.num_heads, dqk = d.qk_nope_head_dim + d.qk_rope_head_dim, dv = d.v_head_dim;
+  Twin cache = make_cache(rng, *b, cache_dtype, d.kv_dim());
+  TwinWeight kv_b;
+  make_twin_weight(kv_b, rng, WeightKind::BF16, heads * (d.qk_nope_head_dim + dv), d.kv_lora_rank);
+  Twin q = twin_random(rng, DType::F32, {b->tokens, heads, dqk + 3}).slice(2, 0, dqk);
+  Twin out = twin_output(DType::F32, {b->tokens, heads, dv + 5}).slice(2, 0, dv);
+  gpu_backend().synchronize();  // the inputs were uploaded on the shared backend's stream
+  for (bool g : {false, true}) {
+    ops::Backend& be = g ? gpu_be : cpu_backend();
+    be.mla_attention_naive(pick(q, g), pick(cache, g), pick(kv_b, g), pick(*b, g), d, pick(out, g));
+  }
+  gpu_be.synchronize();
+  EXPECT_TRUE(check_parity("mla_attention_naive" + tag,
+                           fmt::format("{} cache H {} dn/dr/dv/r {}/{}/{}/{} seqs {}", dtype_name(cache_dtype), heads,
+                                       d.qk_nope_head_dim, d.qk_rope_head_dim, dv, d.kv_lora_rank, seqs_name(seqs)),
+                           out, tol ? *tol : tc_tolerance(out)));
+}
+
+void naive_case(std::mt19937& rng, const ops::MlaDims& d, const std::vector<SeqSpec>& seqs, DType cache_dtype,
+                int block_size, const Tolerance& tol) {
+  naive_case_on(gpu_backend(), rng, d, seqs, cache_dtype, block_size, &tol, "");
+}
+
+TEST(GpuParityMla, NaiveTinyDims) {
+  std::mt19937 rng(307);
+  // Key chunks are 1024 positions: 1100 and 2049 cross one and two chunk edges; prefill rows straddle.
+  const std::vector<SeqSpec> seqs = {{37, 1100}, {1, 2049}, {5, 5}, {0, 4}, {19, 40}};
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int heads : {1, 12, 20})
+      naive_case(rng, mla_dims(heads, 16, 8, 16, 32), seqs, dtype, 16, Tolerance{2e-5, 1e-5,
+                 "fp32; keys from each backend's linear (GPU fp32 mode ~1e-6 relative)"});
+}
+
+TEST(GpuParityMla, NaiveRealDims) {
+  std::mt19937 rng(308);
+  // |k|, |v| ~ 4 (r = 512 products of |w| <= 0.5, |c| < 1): 1e-4 absolute is 2.5e-5 of the value scale.
+  naive_case(rng, real_dims(16), {{111, 2500}, {1, 1030}, {7, 7}}, DType::BF16, 64,
+             Tolerance{1e-4, 1e-5, "fp32; keys from each backend's linear (~1e-6 relative), |v| ~ 4"});
+  naive_case(rng, real_dims(16), {{33, 2500}}, DType::F32, 16,
+             Tolerance{1e-4, 1e-5, "fp32; keys from each backend's linear (~1e-6 relative), |v| ~ 4"});
+}
+
+// GemmPrecision::Bf16 (serving): the tensor-core chunk kernel when d_qk and d_v are multiples of 16.
+// Error: the keys and values come from the Bf16 linear (latent rounded to bf16) and are rounded to
+// bf16 again, as are q and P; fp32 accumulation and softmax. Each output is a convex mix of values,
+// so its error is ~2^-8 of the largest output: tc_tolerance (2e-2 of max|out|).
+std::unique_ptr<ops::Backend> make_bf16_backend() {
+  auto made = gpu::make_gpu_backend({.gemm_precision = gpu::GemmPrecision::Bf16});
+  EXPECT_TRUE(made.is_ok()) << made.status().message();
+  return made.is_ok() ? std::move(made).value() : nullptr;
+}
+
+TEST(GpuParityMla, NaiveTensorCoreBf16) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  std::mt19937 rng(309);
+  // Contexts 1, 63, 1500 with q_len = context (whole prefill) and q_len < context (a later chunk):
+  // row tiles are 128 rows, key tiles 64 keys; 63 and 1500 end mid-tile, 130 straddles a row tile.
+  const std::vector<std::vector<SeqSpec>> batches = {{{1, 1}, {63, 63}, {1500, 1500}, {0, 5}},
+                                                     {{5, 63}, {1, 1500}, {130, 1500}, {1, 1}, {17, 63}}};
+  for (int heads : {1, 12, 16})
+    for (const ops::MlaDims& d : {real_dims(heads), mla_dims(heads, 32, 16, 32, 64)})
+      for (const auto& seqs : batches) naive_case_on(*be, rng, d, seqs, DType::BF16, 64, nullptr, " [bf16 tc]");
+}
+
+TEST(GpuParityMla, NaiveTensorCoreBf16ChunkEdges) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  std::mt19937 rng(310);
+  // The tensor-core path's key chunk is 4096 at these sizes: 4097 and 8300 cross one and two chunk
+  // edges, so the running (max, sum, acc) is carried through the scratch; an F32 cache and block 16.
+  naive_case_on(*be, rng, mla_dims(3, 32, 16, 32, 64), {{40, 4200}, {1, 4097}, {200, 8300}, {7, 7}}, DType::F32, 16,
+                nullptr, " [bf16 tc]");
+  naive_case_on(*be, rng, real_dims(16), {{33, 4500}, {1, 1}}, DType::BF16, 64, nullptr, " [bf16 tc]");
+}
+
+TEST(GpuParityMla, NaiveBf16FallbackOddDims) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  std::mt19937 rng(311);
+  // d_qk = 25 is no multiple of 16: the fp32 chunk kernel runs, over keys from the Bf16 linear.
+  for (int heads : {1, 12})
+    naive_case_on(*be, rng, mla_dims(heads, 16, 9, 16, 32), {{37, 1100}, {1, 40}, {19, 19}}, DType::BF16, 16, nullptr,
+                  " [bf16 fallback]");
+}
+
+}  // namespace
+}  // namespace mla::test

@@ -1,0 +1,238 @@
+// Parity of the GPU MoE ops against the CPU reference: moe_route (ids exact, weights to expf ulps)
+// over expert counts, top-k, group limits, bias and normalization; moe_experts over weight formats x
+// both expert paths (decode GEMV, grouped GEMM) x token counts x odd shapes, with experts missing
+// from this rank, experts shared by many tokens, and strided x / out rows.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "backend/gpu/gpu_moe.h"
+#include "gpu/parity.h"
+
+namespace mla::test {
+namespace {
+
+// ---- moe_route ------------------------------------------------------------------------------------
+struct RouteCase {
+  int64_t tokens, experts;
+  int top_k, n_group, topk_group;
+  bool bias, norm;
+};
+
+// Built with += (operator+ on a literal trips gcc 12's -Wrestrict false positive).
+std::string route_name(const RouteCase& c) {
+  std::string s = "T";
+  s += std::to_string(c.tokens);
+  s += " E";
+  s += std::to_string(c.experts);
+  s += " k";
+  s += std::to_string(c.top_k);
+  s += " g";
+  s += std::to_string(c.n_group);
+  s += "/";
+  s += std::to_string(c.topk_group);
+  if (c.bias) s += " bias";
+  if (c.norm) s += " norm";
+  return s;
+}
+
+void check_route(const RouteCase& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  // Random logits over a wide range: exact score ties (which the CPU breaks by lower id) are
+  // measure-zero, and near-ties within expf's 2-ulp difference are rare enough to ignore.
+  const Twin logits = twin_random(rng, DType::F32, {c.tokens, c.experts}, -4.0f, 4.0f);
+  const Twin bias = c.bias ? twin_random(rng, DType::F32, {c.experts}, -0.3f, 0.3f) : Twin{};
+  const Twin ids = twin_output(DType::I32, {c.tokens, c.top_k});
+  const Twin weights = twin_output(DType::F32, {c.tokens, c.top_k});
+  const ops::MoeRouting routing{c.top_k, c.n_group, c.topk_group, c.norm, 2.5f};
+  run_both([&](ops::Backend& b, bool g) {
+    b.moe_route(pick(logits, g), c.bias ? pick(bias, g) : TensorView{}, routing, pick(ids, g), pick(weights, g));
+  });
+  const std::string name = route_name(c);
+  EXPECT_TRUE(check_parity("moe_route ids", name, ids, Tolerance{0, 0, "selection must match exactly"}));
+  // CUDA expf is within 2 ulp of glibc's; the sigmoid, sum and divide add a few ulps more.
+  EXPECT_TRUE(check_parity("moe_route weights", name, weights,
+                           Tolerance{1e-7, 1e-6, "expf 2-ulp + renormalization, fp32"}));
+}
+
+TEST(GpuParityMoe, RouteGrid) {
+  const int64_t expert_counts[] = {8, 64, 256, 384};
+  const int top_ks[] = {1, 2, 6, 8};
+  const int groups[][2] = {{1, 1}, {4, 2}, {8, 4}};
+  const int64_t token_counts[] = {1, 7, 300};
+  uint32_t seed = 100;
+  int variant = 0;
+  for (int64_t e : expert_counts)
+    for (int k : top_ks)
+      for (const auto& g : groups) {
+        const int64_t group_size = e / g[0];
+        if (g[0] > 1 && group_size < 2) continue;      // group score needs two experts
+        if (k > g[1] * group_size) continue;           // not enough selectable experts
+        const bool bias = (variant & 1) != 0, norm = (variant & 2) == 0;
+        ++variant;
+        for (int64_t t : token_counts) check_route(RouteCase{t, e, k, g[0], g[1], bias, norm}, seed++);
+      }
+}
+
+// DeepSeek-V3 and Kimi K2 router shapes exactly (bias on, norm on, 2.5 scaling).
+TEST(GpuParityMoe, RouteModelShapes) {
+  check_route(RouteCase{33, 256, 8, 8, 4, true, true}, 7);
+  check_route(RouteCase{300, 384, 8, 1, 1, true, true}, 8);
+  check_route(RouteCase{5, 384, 16, 8, 4, true, false}, 9);
+}
+
+// Exact ties everywhere: logits and bias take a handful of values, so many experts (and groups) share
+// a score bit for bit on each backend; the selection must then follow the CPU's lower-id-first order.
+TEST(GpuParityMoe, RouteTies) {
+  std::mt19937 rng(31);
+  const int64_t tokens = 37, experts = 64;
+  std::vector<float> logits(static_cast<size_t>(tokens * experts));
+  std::vector<float> bias(static_cast<size_t>(experts));
+  // Non-negative logits only: sigmoid(x) + sigmoid(-x) == 1 would make distinct group top-2 sums
+  // equal in exact arithmetic, and their fp roundings may then order differently on the two backends.
+  for (float& v : logits) v = float(rng() % 4) * 0.75f;
+  for (float& v : bias) v = float(rng() % 2) * 0.125f;
+  const Twin l = twin_from_floats(logits, {tokens, experts});
+  const Twin b = twin_from_floats(bias, {experts});
+  for (int variant = 0; variant < 2; ++variant) {
+    const ops::MoeRouting routing{6, variant == 0 ? 1 : 8, variant == 0 ? 1 : 3, true, 2.5f};
+    const Twin ids = twin_output(DType::I32, {tokens, 6});
+    const Twin w = twin_output(DType::F32, {tokens, 6});
+    // Bias only without groups: s_i + b_j sums of group scores could tie in exact arithmetic too.
+    run_both([&](ops::Backend& be, bool g) {
+      be.moe_route(pick(l, g), variant == 0 ? pick(b, g) : TensorView{}, routing, pick(ids, g), pick(w, g));
+    });
+    const std::string name = variant == 0 ? "ties T37 E64 k6 bias" : "ties T37 E64 k6 g8/3";
+    EXPECT_TRUE(check_parity("moe_route ids", name, ids, Tolerance{0, 0, "tie order: lower id first, exact"}));
+    EXPECT_TRUE(check_parity("moe_route weights", name, w, Tolerance{1e-7, 1e-6, "expf 2-ulp + renormalization"}));
+  }
+}
+
+// ---- moe_experts ----------------------------------------------------------------------------------
+// A set of experts on both backends; every `hole`-th expert (offset 1) is not held by this rank.
+struct ExpertSet {
+  std::vector<std::unique_ptr<TwinWeight>> weights;
+  std::vector<ops::ExpertWeights> cpu, gpu;
+  int64_t hidden = 0, inter = 0;
+};
+
+std::unique_ptr<ExpertSet> make_experts(std::mt19937& rng, WeightKind kind, int64_t num_experts, int64_t hidden,
+                                        int64_t inter, int hole) {
+  auto set = std::make_unique<ExpertSet>();
+  set->hidden = hidden;
+  set->inter = inter;
+  set->cpu.resize(size_t(num_experts));
+  set->gpu.resize(size_t(num_experts));
+  // Amplitudes ~ 1/sqrt(fan-in) keep every stage O(1), so the tolerance speaks about rounding only.
+  const float amp_in = 1.7f / std::sqrt(float(hidden)), amp_down = 1.7f / std::sqrt(float(inter));
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (hole > 0 && e % hole == 1) continue;
+    TwinWeight* w[3];
+    for (auto*& p : w) {
+      set->weights.push_back(std::make_unique<TwinWeight>());
+      p = set->weights.back().get();
+    }
+    make_twin_weight(*w[0], rng, kind, inter, hidden, amp_in);
+    make_twin_weight(*w[1], rng, kind, inter, hidden, amp_in);
+    make_twin_weight(*w[2], rng, kind, hidden, inter, amp_down);
+    set->cpu[size_t(e)] = ops::ExpertWeights{w[0]->cpu, w[1]->cpu, w[2]->cpu};
+    set->gpu[size_t(e)] = ops::ExpertWeights{w[0]->gpu, w[1]->gpu, w[2]->gpu};
+  }
+  return set;
+}
+
+// Distinct experts per token (like the router), drawn at random, so small E repeats experts across
+// tokens and large T puts many tokens on one expert.
+Twin random_ids(std::mt19937& rng, int64_t tokens, int64_t num_experts, int top_k) {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> perm(static_cast<size_t>(num_experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    ids.insert(ids.end(), perm.begin(), perm.begin() + top_k);
+  }
+  return twin_from_ints(ids, {tokens, top_k});
+}
+
+void check_experts(const ExpertSet& set, WeightKind kind, gpu::MoePath path, int64_t tokens, int top_k,
+                   bool strided, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t h = set.hidden, num_experts = int64_t(set.cpu.size());
+  // Strided cases: x and out are column slices of wider buffers (rows not 16-byte aligned).
+  const Twin x_buf = twin_random(rng, DType::F32, {tokens, h + (strided ? 3 : 0)});
+  const Twin x = strided ? x_buf.slice(1, 1, h) : x_buf;
+  const Twin ids = random_ids(rng, tokens, num_experts, top_k);
+  const Twin weights = twin_random(rng, DType::F32, {tokens, top_k}, 0.05f, 1.0f);
+  const Twin out_buf = twin_output(DType::F32, {tokens, h + (strided ? 5 : 0)});
+  const Twin out = strided ? out_buf.slice(1, 2, h) : out_buf;
+  gpu::set_moe_path(gpu_backend(), path);
+  run_both([&](ops::Backend& b, bool g) {
+    b.moe_experts(pick(x, g), pick(ids, g), pick(weights, g), g ? set.gpu : set.cpu, pick(out, g));
+  });
+  gpu::set_moe_path(gpu_backend(), gpu::MoePath::Auto);
+  std::string name = weight_kind_name(kind);
+  name += path == gpu::MoePath::Decode ? " decode" : path == gpu::MoePath::Grouped ? " grouped" : " auto";
+  name += " T";
+  name += std::to_string(tokens);
+  name += " H";
+  name += std::to_string(h);
+  name += " I";
+  name += std::to_string(set.inter);
+  name += " E";
+  name += std::to_string(num_experts);
+  name += " k";
+  name += std::to_string(top_k);
+  if (strided) name += " strided";
+  const double k_dim = double(set.hidden + set.inter);
+  EXPECT_TRUE(check_parity("moe_experts", name, out,
+                           Tolerance{1e-5 * std::sqrt(k_dim), 1e-5, "fp32 reassociation of two chained dots, K=H+I"}));
+}
+
+const WeightKind kKinds[] = {WeightKind::BF16, WeightKind::FP8, WeightKind::INT4_BF16};
+const gpu::MoePath kPaths[] = {gpu::MoePath::Decode, gpu::MoePath::Grouped};
+
+// Odd shapes: H=200 (16-byte rows for BF16 only) with I=129 (down rows unaligned: scalar path),
+// H=203 (tails on every gate/up row), and H=352 / I=96 (16-byte rows for every kind: the decode
+// path's vector loads with partial warp steps, 11-22 chunks per gate/up row, 3-12 per down row).
+TEST(GpuParityMoe, ExpertsSmallShapes) {
+  const int64_t shapes[][2] = {{200, 129}, {203, 64}, {352, 96}};
+  const int64_t token_counts[] = {1, 3, 8, 33, 200};
+  uint32_t seed = 1000;
+  for (WeightKind kind : kKinds)
+    for (const auto& s : shapes) {
+      std::mt19937 rng(seed++);
+      const auto set = make_experts(rng, kind, 12, s[0], s[1], 4);
+      for (gpu::MoePath path : kPaths)
+        for (int64_t t : token_counts) check_experts(*set, kind, path, t, 4, t == 33, seed++);
+    }
+}
+
+// Many tokens on few experts (segments longer than one grouped tile and one decode token group),
+// top-1 and top-6, plus the Auto path choice at both ends.
+TEST(GpuParityMoe, ExpertsCrowded) {
+  std::mt19937 rng(77);
+  const auto set = make_experts(rng, WeightKind::BF16, 7, 96, 40, 0);
+  check_experts(*set, WeightKind::BF16, gpu::MoePath::Decode, 111, 6, false, 1);
+  check_experts(*set, WeightKind::BF16, gpu::MoePath::Grouped, 111, 6, true, 2);
+  check_experts(*set, WeightKind::BF16, gpu::MoePath::Decode, 19, 1, false, 3);
+  check_experts(*set, WeightKind::BF16, gpu::MoePath::Grouped, 19, 1, false, 4);
+  check_experts(*set, WeightKind::BF16, gpu::MoePath::Auto, 5, 3, false, 5);
+  check_experts(*set, WeightKind::BF16, gpu::MoePath::Auto, 300, 3, false, 6);
+}
+
+// The DeepSeek-V3 expert shape (hidden 7168, moe_intermediate 2048) with a few experts, one missing.
+TEST(GpuParityMoe, ExpertsDeepSeekShape) {
+  uint32_t seed = 5000;
+  for (WeightKind kind : kKinds) {
+    std::mt19937 rng(seed++);
+    const auto set = make_experts(rng, kind, 5, 7168, 2048, 4);
+    for (gpu::MoePath path : kPaths)
+      for (int64_t t : {int64_t(1), int64_t(8), int64_t(33)}) check_experts(*set, kind, path, t, 2, false, seed++);
+  }
+}
+
+}  // namespace
+}  // namespace mla::test
