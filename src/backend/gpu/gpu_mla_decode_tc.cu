@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backend/gpu/gpu_device.cuh"
+#include "backend/gpu/gpu_mma.cuh"
 #include "core/status.h"
 
 namespace mla::gpu {
@@ -58,44 +59,9 @@ template <int M> struct TcGeom {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -__builtin_huge_valf();
 
-// ---- PTX wrappers (sm_80+) ------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination without reading.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// PTX wrappers (cp.async, ldmatrix, mma.sync) and their fragment layouts: gpu_mma.cuh.
+using namespace mma;
 
-// ldmatrix .x4: lane l supplies the address of row (l % 8) of 8x8 matrix (l / 8); register i receives
-// matrix i with lane l holding (row l/4, cols 2(l%4), 2(l%4)+1). .trans delivers the transpose:
-// lane l holds (rows 2(l%4), 2(l%4)+1, col l/4).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// mma.sync m16n8k16, bf16 inputs, fp32 accumulate. Fragment layouts (g = lane / 4, t = lane % 4):
-//   A 16x16 row-major, 4 regs of bf16x2: a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..],
-//     a3 = A[g+8][2t+8..]  (= ldmatrix.x4 of the four 8x8 quadrants in order TL, BL, TR, BR);
-//   B 16x8 "col-major", 2 regs: b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
-//     (= ldmatrix of an 8x8 block stored n-major, or ldmatrix.trans of one stored k-major);
-//   C/D 16x8 fp32, 4 regs: c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1].
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // ---- the attention kernel -------------------------------------------------------------------------
 // Napkin math per CTA and 64-key tile: cache bytes 64 * 576 * 2 = 73.7 KB; FLOPs 2 * 16M * 64 *

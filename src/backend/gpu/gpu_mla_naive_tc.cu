@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "backend/gpu/gpu_device.cuh"
+#include "backend/gpu/gpu_mma.cuh"
 #include "core/status.h"
 
 namespace mla::gpu {
@@ -56,35 +57,8 @@ size_t smem_bytes(int dqk, int dv) {
   return size_t(kRows * (dqk + 8) + 2 * kKeys * (dqk + 8) + 2 * kKeys * (dv + 8)) * 2;
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination without reading.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-// ldmatrix / mma.sync: the same wrappers and fragment layouts as gpu_mla_decode_tc.cu (see there).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-// A: a0 = A[g][2t..], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
-// B: b0 = B[2t..][g], b1 = B[2t+8..][g]; C: c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1].
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// PTX wrappers (cp.async, ldmatrix, mma.sync) and their fragment layouts: gpu_mma.cuh.
+using namespace mma;
 // Two floats to bf16x2 with round-to-nearest-even (one cvt; the same values as f32_to_bf16_bits for
 // the finite, non-negative weights it is used on); `lo` lands in the low half (the lower column).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
