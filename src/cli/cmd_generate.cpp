@@ -7,12 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
-#if MLA_HAVE_GPU
-#include "backend/gpu/gpu_backend.h"
-#endif
 #include "cli/commands.h"
 #include "cli/progress_bar.h"
+#include "cli/serving_setup.h"
 #include "model/deepseek_v3.h"
 #include "runtime/offline_engine.h"
 #include "tokenizer/chat_template.h"
@@ -43,21 +40,6 @@ struct GenerateArgs {
   std::string kv_cache_dtype = "auto";        // auto = bf16 on a GPU, f32 on the CPU
   std::string decode_graphs = "auto";         // auto = on for a GPU, off on the CPU
 };
-
-// The backend named by --device. A build without the GPU backend says so in one line.
-Result<std::unique_ptr<ops::Backend>> make_backend(const GenerateArgs& a) {
-  if (a.device == "cpu") {
-    if (a.gemm_precision) return error("--gemm-precision applies to --device cuda only");
-    return cpu::make_cpu_backend();
-  }
-#if MLA_HAVE_GPU
-  gpu::GpuBackendOptions o;
-  o.gemm_precision = a.gemm_precision.value_or("fp32") == "bf16" ? gpu::GemmPrecision::Bf16 : gpu::GemmPrecision::Fp32;
-  return gpu::make_gpu_backend(o);
-#else
-  return error("--device cuda: this mlaserve was built without the GPU backend (build with the cuda preset)");
-#endif
-}
 
 Result<std::vector<int32_t>> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
@@ -121,7 +103,7 @@ Result<std::vector<int32_t>> prompt_ids(const GenerateArgs& a, const tokenizer::
 }
 
 int run_generate(const GenerateArgs& a) {
-  Result<std::unique_ptr<ops::Backend>> made = make_backend(a);
+  Result<std::unique_ptr<ops::Backend>> made = make_backend(a.device, a.gemm_precision);
   if (!made) return fail(made.status().message());
   std::unique_ptr<ops::Backend> backend = std::move(made).value();
   const bool on_gpu = a.device != "cpu";

@@ -10,12 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/cpu/cpu_backend.h"
-#if MLA_HAVE_GPU
-#include "backend/gpu/gpu_backend.h"
-#endif
 #include "cli/commands.h"
 #include "cli/progress_bar.h"
+#include "cli/serving_setup.h"
 #include "model/deepseek_v3.h"
 #include "runtime/perplexity.h"
 #include "tokenizer/tokenizer.h"
@@ -37,15 +34,6 @@ int fail(const std::string& msg) {
   return 1;
 }
 
-Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device) {
-  if (device == "cpu") return cpu::make_cpu_backend();
-#if MLA_HAVE_GPU
-  return gpu::make_gpu_backend(gpu::GpuBackendOptions{});
-#else
-  return error("--device cuda: this mlaserve was built without the GPU backend (build with the cuda preset)");
-#endif
-}
-
 int run_perplexity(const PerplexityArgs& a) {
   using Clock = std::chrono::steady_clock;
   std::ifstream in(a.file, std::ios::binary);
@@ -60,7 +48,7 @@ int run_perplexity(const PerplexityArgs& a) {
   if (!ids) return fail(a.file + ": " + ids.status().message());
   const double tokenize_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
-  Result<std::unique_ptr<ops::Backend>> made = make_backend(a.device);
+  Result<std::unique_ptr<ops::Backend>> made = make_backend(a.device, std::nullopt);
   if (!made) return fail(made.status().message());
   std::unique_ptr<ops::Backend> backend = std::move(made).value();
   if (a.window < 1) return fail("--window must be >= 1");

@@ -45,27 +45,26 @@ LoadedServing::~LoadedServing() {
   model.reset();
 }
 
-namespace {
-Result<std::unique_ptr<ops::Backend>> make_backend(const EngineArgs& a) {
-  if (a.device == "cpu") {
-    if (a.gemm_precision) return error("--gemm-precision applies to --device cuda only");
+Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device,
+                                                   const std::optional<std::string>& gemm_precision) {
+  if (device == "cpu") {
+    if (gemm_precision) return error("--gemm-precision applies to --device cuda only");
     return cpu::make_cpu_backend();
   }
 #if MLA_HAVE_GPU
   gpu::GpuBackendOptions o;
-  o.gemm_precision = a.gemm_precision.value_or("fp32") == "bf16" ? gpu::GemmPrecision::Bf16 : gpu::GemmPrecision::Fp32;
+  o.gemm_precision = gemm_precision.value_or("fp32") == "bf16" ? gpu::GemmPrecision::Bf16 : gpu::GemmPrecision::Fp32;
   return gpu::make_gpu_backend(o);
 #else
   return error("--device cuda: this mlaserve was built without the GPU backend (build with the cuda preset)");
 #endif
 }
-}  // namespace
 
 Result<std::unique_ptr<LoadedServing>> load_serving(const EngineArgs& a, bool show_progress) {
   if (a.max_num_seqs < 1 || a.max_tokens_per_step < 1 || a.block_size < 1 || a.num_kv_blocks < 1 || a.max_queue < 0)
     return error("--max-num-seqs, --max-tokens-per-step, --block-size and --num-kv-blocks must be >= 1");
   auto s = std::make_unique<LoadedServing>();
-  MLA_ASSIGN_OR_RETURN(s->backend, make_backend(a));
+  MLA_ASSIGN_OR_RETURN(s->backend, make_backend(a.device, a.gemm_precision));
   const bool on_gpu = a.device != "cpu";
   if (auto t = tokenizer::Tokenizer::from_model_dir(a.model); t) s->tok = std::move(t).value();
   if (auto c = tokenizer::load_chat_template_config(a.model + "/tokenizer_config.json"); c) s->chat = std::move(c).value();

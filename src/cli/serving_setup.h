@@ -38,6 +38,11 @@ struct EngineArgs {
 
 void add_engine_options(CLI::App* sub, EngineArgs& a);
 
+// The backend named by --device ("cpu" or "cuda") with --gemm-precision ("fp32" or "bf16", cuda
+// only; shared by every command that runs a model). A build without the GPU backend says so in one line.
+Result<std::unique_ptr<ops::Backend>> make_backend(const std::string& device,
+                                                   const std::optional<std::string>& gemm_precision);
+
 // Everything a serving command holds, in destruction order (engine before model before backend).
 struct LoadedServing {
   std::unique_ptr<ops::Backend> backend;

@@ -113,4 +113,25 @@ class DeepseekV3 {
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;
 };
 
+// Scoped decode-graph setting: on entry drops the model's graphs and sets `on`; on exit drops the
+// graphs again (they point into buffers the scope owns: its cache and logits) and restores the
+// previous setting. Declare it after those buffers so it is destroyed first on every return path.
+class ScopedDecodeGraphs {
+ public:
+  ScopedDecodeGraphs(DeepseekV3& model, bool on) : model_(model), was_on_(model.decode_graphs()) {
+    model_.clear_decode_graphs();
+    model_.set_decode_graphs(on);
+  }
+  ~ScopedDecodeGraphs() {
+    model_.clear_decode_graphs();
+    model_.set_decode_graphs(was_on_);
+  }
+  ScopedDecodeGraphs(const ScopedDecodeGraphs&) = delete;
+  ScopedDecodeGraphs& operator=(const ScopedDecodeGraphs&) = delete;
+
+ private:
+  DeepseekV3& model_;
+  bool was_on_;
+};
+
 }  // namespace mla::model

@@ -199,16 +199,7 @@ Request* Engine::find(uint64_t id) {
 void Engine::run() {
   // Decode graphs point into this engine's cache and logits buffer: start clean, and drop them
   // (restoring the model's setting) before those buffers are freed.
-  struct GraphReset {
-    model::DeepseekV3& m;
-    bool was_on;
-    ~GraphReset() {
-      m.clear_decode_graphs();
-      m.set_decode_graphs(was_on);
-    }
-  } graph_reset{model_, model_.decode_graphs()};
-  model_.clear_decode_graphs();
-  model_.set_decode_graphs(config_.decode_graphs);
+  const model::ScopedDecodeGraphs graphs_scope(model_, config_.decode_graphs);
   std::vector<std::unique_ptr<Request>> fresh;
   std::vector<uint64_t> aborts;
   bool idle_last = false;

@@ -61,16 +61,7 @@ Result<std::vector<GenerationResult>> generate(model::DeepseekV3& model, ops::Ba
   // Graphs captured below point into `cache` and `logits_buf`: drop them before those are freed
   // (declared after both, so destroyed first, on every return path), and give the model back its
   // previous setting.
-  struct GraphReset {
-    model::DeepseekV3& m;
-    bool was_on;
-    ~GraphReset() {
-      m.clear_decode_graphs();
-      m.set_decode_graphs(was_on);
-    }
-  } graph_reset{model, model.decode_graphs()};
-  model.clear_decode_graphs();
-  model.set_decode_graphs(options.decode_graphs);
+  const model::ScopedDecodeGraphs graphs_scope(model, options.decode_graphs);
 
   std::vector<SeqState> seqs(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {

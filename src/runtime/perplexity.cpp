@@ -52,16 +52,7 @@ Result<PerplexityResult> perplexity(model::DeepseekV3& model, ops::Backend& back
 
   // Windows are never decode-only graph keys we want to keep: a captured graph would point into this
   // function's cache. Switch graphs off for the call and give the model back its setting.
-  struct GraphReset {
-    model::DeepseekV3& m;
-    bool was_on;
-    ~GraphReset() {
-      m.clear_decode_graphs();
-      m.set_decode_graphs(was_on);
-    }
-  } graph_reset{model, model.decode_graphs()};
-  model.clear_decode_graphs();
-  model.set_decode_graphs(false);
+  const model::ScopedDecodeGraphs graphs_scope(model, false);
   model.set_mla_path(options.mla_path);
 
   const int64_t V = cfg.vocab_size;
