@@ -359,7 +359,7 @@ struct Server::Impl {
     http.set_payload_max_length(opt.max_body_bytes);
     if (!opt.cors_origin.empty()) {
       http.set_default_headers({{"Access-Control-Allow-Origin", opt.cors_origin}, {"Vary", "Origin"}});
-      http.Options(".*", [this](const httplib::Request&, httplib::Response& res) {
+      http.Options(".*", [](const httplib::Request&, httplib::Response& res) {
         res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
         res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
         res.set_header("Access-Control-Max-Age", "600");

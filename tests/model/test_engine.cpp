@@ -246,7 +246,8 @@ TEST(Engine, TwoHundredRequestsAThirdAbortedLeakNoBlocks) {
     live.push_back({r.stream, i % 3 == 0});
   }
   size_t remaining = live.size();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  // A hang guard only: ~3 s normally, ~60 s under ASan on a loaded 2-core machine.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
   while (remaining > 0 && std::chrono::steady_clock::now() < deadline) {
     bool progressed = false;
     for (Live& l : live) {
