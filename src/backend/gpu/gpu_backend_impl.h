@@ -96,8 +96,9 @@ class GpuBackend final : public ops::Backend {
   std::unique_ptr<SamplingState> sampling_;
 };
 
-// Checks that `v` is a tensor in memory of this process's device (a cheap guard against passing a
-// host view to a GPU op, which would fault asynchronously far from the cause).
+// Checks that a non-empty `v` has data (a cheap guard on the host, per call). It does not prove the
+// pointer is device memory: that would cost a runtime query per op; the parity tests pass device
+// views only, and a host pointer faults at the next checked sync.
 void check_device_view(const TensorView& v, const char* op, const char* name);
 
 }  // namespace mla::gpu
