@@ -81,6 +81,18 @@ __device__ __forceinline__ float block_sum(float v, float* smem) {
   for (int w = 0; w < warps; ++w) total += smem[w];  // fixed order: deterministic
   return total;
 }
+// The same in double (row statistics that the CPU reference keeps in double). `smem` holds
+// >= blockDim.x / kWarpSize doubles; the leading barrier lets a caller reuse `smem` between calls.
+__device__ __forceinline__ double block_sum_f64(double v, double* smem) {
+  for (int m = kWarpSize / 2; m > 0; m /= 2) v += shfl_xor(v, m);
+  const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
+  __syncthreads();  // smem may still be read by a previous call
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < int(blockDim.x) / kWarpSize; ++w) total += smem[w];  // fixed order: deterministic
+  return total;
+}
 __device__ __forceinline__ float block_max(float v, float* smem) {
   const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
   const int warps = int(blockDim.x) / kWarpSize;

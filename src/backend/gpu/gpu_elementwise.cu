@@ -22,20 +22,6 @@ __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000)
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(uint16_t bf16) { return bf16_bits_to_f32(bf16); }
 
-// Double-precision block sum (row statistics): every thread gets the total. Fixed combination order,
-// so results are deterministic. Precondition: blockDim.x is a multiple of kWarpSize, <= kWideThreads;
-// all threads call it.
-__device__ double block_sum_f64(double v, double* smem) {
-  for (int m = kWarpSize / 2; m > 0; m /= 2) v += shfl_xor(v, m);
-  const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
-  __syncthreads();  // smem may still be read by a previous call
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < int(blockDim.x) / kWarpSize; ++w) total += smem[w];
-  return total;
-}
-
 // ---- host-side argument checks (mirror the CPU backend's, which are the specification) ----------
 void check_rows(const TensorView& v, DType dtype, int ndim, const char* op, const char* what) {
   MLA_CHECK(v.dtype == dtype && v.ndim == ndim, "{}: {} is {} (want {} of rank {})", op, what, v.describe(),

@@ -75,19 +75,6 @@ template <typename F> __device__ __forceinline__ void for_each_in_row(const floa
   for (; i < vocab; i += step) f(i, row[i]);
 }
 
-// Sum over the block in double (every thread gets it); fixed order, deterministic.
-// Precondition: blockDim.x == kThreads; all threads call it.
-__device__ double block_sum_f64(double v, double* smem) {
-  for (int m = kWarpSize / 2; m > 0; m /= 2) v += shfl_xor(v, m);
-  const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
-  __syncthreads();  // smem may still be read by a previous call
-  if (lane == 0) smem[warp] = v;
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < kMaxWarps; ++w) total += smem[w];
-  return total;
-}
-
 // Block-wide min / max of an int (every thread gets it).
 template <bool kMin>
 __device__ int block_extreme_i32(int v, int* smem) {
