@@ -20,6 +20,7 @@ PACKAGES=(
   libpcre2-dev=10.42-1+deb12u2
   libssl-dev=3.0.22-1~deb12u2
   libcpp-httplib-dev=0.11.4+ds-1+deb12u1
+  chromium=156.0.8078.108-1~deb12u1
   hipcc=5.2.3-8
   libamdhip64-dev=5.2.3-8
 )

@@ -22,5 +22,6 @@ Command add_tokenize_command(CLI::App& app);
 Command add_perplexity_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
 Command add_chat_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
 
 }  // namespace mla::cli

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       mla::cli::add_perplexity_command(app),
       mla::cli::add_serve_command(app),
       mla::cli::add_chat_command(app),
+      mla::cli::add_bench_command(app),
   };
   CLI11_PARSE(app, argc, argv);
   for (const mla::cli::Command& c : commands)
