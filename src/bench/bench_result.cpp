@@ -150,6 +150,20 @@ std::string describe_result(const LoadgenConfig& cfg, const std::vector<PointSum
       s += fmt::format("{:<40} mean {:.2f}  p50 {:.2f}  p90 {:.2f}  p99 {:.2f}\n", fmt::format("{} (ms):", name),
                        st->mean, st->median, st->p90, st->p99);
     }
+    if (p.server && p.server->has_engine) {
+      const ServerPointStats& v = *p.server;
+      s += fmt::format("{:<40} forward {:.3f} ms/step, step {:.3f} ms/step over {:.0f} steps\n",
+                       "Server engine (its /metrics):", v.forward_ms_per_step, v.step_ms_per_step, v.steps);
+      s += fmt::format("{:<40} engine host {:.1f}%, client-seen {:.1f}% (TPOT / forward per step - 1)\n",
+                       "Server overhead per token:", 100 * v.engine_host_overhead, 100 * v.client_overhead);
+    }
+    if (p.server && p.server->has_spec) {
+      const ServerPointStats& v = *p.server;
+      std::string per_pos;
+      for (double r : v.spec_per_position_acceptance_rates) per_pos += fmt::format(" {:.2f}", r);
+      s += fmt::format("{:<40} length {:.2f}, rate {:.2f}, per position{}\n", "Speculative acceptance:",
+                       v.spec_acceptance_length, v.spec_acceptance_rate, per_pos);
+    }
     if (cost) {
       const PointCost pc = point_cost(*cost, p);
       s += fmt::format("{:<40} ${:.4f} output, ${:.4f} input, ${:.4f} total\n", "Cost per M tokens:",

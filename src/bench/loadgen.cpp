@@ -193,6 +193,31 @@ std::unique_ptr<httplib::Client> make_client(const LoadgenConfig& cfg) {
   return cli;
 }
 
+// The server's counters from GET /metrics (with the API key), or nullopt (none, or not reachable).
+std::optional<ServerCounters> scrape_counters(const LoadgenConfig& cfg) {
+  auto cli = make_client(cfg);
+  cli->set_read_timeout(10, 0);
+  httplib::Headers h;
+  if (!cfg.api_key.empty()) h.emplace("Authorization", "Bearer " + cfg.api_key);
+  const httplib::Result r = cli->Get("/metrics", h);
+  if (!r || r->status != 200) return std::nullopt;
+  return parse_prometheus_counters(r->body);
+}
+
+// A point with the server's own figures for it when /metrics offers them.
+PointSummary measured_point(const LoadgenConfig& cfg, std::optional<int> concurrency, int num_prompts, uint64_t seed,
+                            const ProgressFn& progress) {
+  const std::optional<ServerCounters> before = scrape_counters(cfg);
+  PointSummary s = run_point(cfg, concurrency, num_prompts, seed, progress);
+  if (before) {
+    if (const std::optional<ServerCounters> after = scrape_counters(cfg)) {
+      ServerPointStats st = server_point_stats(*before, *after, s.tpot.mean);
+      if (st.has_engine || st.has_spec) s.server = st;
+    }
+  }
+  return s;
+}
+
 }  // namespace
 
 std::vector<Prompt> make_prompts(const LoadgenConfig& cfg, int count, uint64_t seed) {
@@ -337,14 +362,15 @@ Result<std::vector<PointSummary>> run_benchmark(const LoadgenConfig& cfg,
   if (cfg.request_rate) {
     const std::optional<int> cap =
         cfg.concurrency.empty() ? std::nullopt : std::optional<int>(cfg.concurrency.front());
-    points.push_back(run_point(cfg, cap, prompts_for_point(cfg, cap), cfg.seed, progress ? progress(0) : ProgressFn{}));
+    points.push_back(
+        measured_point(cfg, cap, prompts_for_point(cfg, cap), cfg.seed, progress ? progress(0) : ProgressFn{}));
     return points;
   }
   for (size_t i = 0; i < cfg.concurrency.size(); ++i) {
     const int c = cfg.concurrency[i];
     // Each point gets its own prompts (seed + i): no prefix-cache reuse across points.
     points.push_back(
-        run_point(cfg, c, prompts_for_point(cfg, c), cfg.seed + i, progress ? progress(int(i)) : ProgressFn{}));
+        measured_point(cfg, c, prompts_for_point(cfg, c), cfg.seed + i, progress ? progress(int(i)) : ProgressFn{}));
   }
   return points;
 }

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/metrics.h"
+#include "bench/server_metrics.h"
 #include "core/status.h"
 
 namespace mla::bench {
@@ -68,7 +69,8 @@ using ProgressFn = std::function<void(int done, int total)>;
 PointSummary run_point(const LoadgenConfig& cfg, std::optional<int> concurrency, int num_prompts,
                        uint64_t seed, const ProgressFn& progress = {});
 
-// Every point of the config: warm-up, then the sweep (or the one rate point). Errors: bad config.
+// Every point of the config: warm-up, then the sweep (or the one rate point). Each point also reads
+// the server's /metrics before and after (PointSummary::server). Errors: bad config.
 Result<std::vector<PointSummary>> run_benchmark(const LoadgenConfig& cfg,
                                                 const std::function<ProgressFn(int point)>& progress = {});
 

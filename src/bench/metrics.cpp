@@ -80,6 +80,7 @@ nlohmann::json point_to_json(const PointSummary& s) {
          {"total_token_throughput", s.total_token_throughput},
          {"input_throughput", s.input_throughput},
          {"per_user_tok_s", s.per_user_tok_s}};
+  if (s.server) j["server"] = server_stats_to_json(*s.server);
   j["max_concurrency"] = s.max_concurrency ? Json(*s.max_concurrency) : Json(nullptr);
   j["request_rate"] = s.request_rate ? Json(*s.request_rate) : Json("inf");
   const std::pair<const char*, const LatencyStats*> stats[] = {

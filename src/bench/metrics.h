@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/server_metrics.h"
+
 namespace mla::bench {
 
 // What one request measured. Times are seconds from the request's send.
@@ -48,6 +50,7 @@ struct PointSummary {
   LatencyStats ttft, tpot, itl, e2el;  // ms
   double per_user_tok_s = 0;           // 1000 / mean_tpot_ms: decode speed one user sees (0 if no TPOT)
   std::vector<RequestResult> requests;
+  std::optional<ServerPointStats> server;  // the server's own counters for the point, when it has them
 };
 
 // Summarizes one point. TPOT of a request = (latency - ttft) / (output_len - 1), only for requests
@@ -59,7 +62,8 @@ PointSummary summarize_point(std::vector<RequestResult> requests, double duratio
 // total_output_tokens, request_throughput, output_throughput, total_token_throughput,
 // {mean,median,std,p90,p99}_{ttft,tpot,itl,e2el}_ms, max_concurrency (null in rate mode),
 // request_rate ("inf" when unpaced), input_lens, output_lens, ttfts (s), itls (s), errors;
-// plus ours: failed, input_throughput, per_user_tok_s.
+// plus ours: failed, input_throughput, per_user_tok_s, and "server" (server_stats_to_json) when the
+// server reported its counters.
 nlohmann::json point_to_json(const PointSummary& s);
 
 // Cost per token from measured throughput.

@@ -27,7 +27,7 @@ struct BenchOptions {
   std::vector<int> concurrency;
   double request_rate = 0;
   std::string prompt_format = "ids", token_ids = "256:4000";
-  std::string gpu, catalog, result_json, report;
+  std::string gpu, catalog, result_json, report, report_png;
   int gpus = 0;
   double price = 0;
   bool plan = false;
@@ -195,6 +195,10 @@ int run_bench(BenchOptions& o) {
     ro.title = fmt::format("mlaserve bench: {} ({} in / {} out)", cfg.model, cfg.input_len, cfg.output_len);
     if (Status s = bench::write_report(result, o.report, ro); !s.is_ok()) return fail(s.message());
     std::fprintf(stderr, "mlaserve bench: wrote %s\n", o.report.c_str());
+    if (!o.report_png.empty()) {  // a screenshot of the report for READMEs (needs Chromium)
+      if (Status s = bench::render_report_png(o.report, o.report_png); !s.is_ok()) return fail(s.message());
+      std::fprintf(stderr, "mlaserve bench: wrote %s\n", o.report_png.c_str());
+    }
   }
   int64_t completed = 0;
   for (const bench::PointSummary& p : *points) completed += p.completed;
@@ -234,6 +238,8 @@ Command add_bench_command(CLI::App& app) {
   sub->add_option("--plan-weights", o->plan_weights, "Weight format for --plan (default: the checkpoint's)");
   sub->add_option("--result-json", o->result_json, "Write the full result (vLLM field names) to this file");
   sub->add_option("--report", o->report, "Write a self-contained HTML report to this file");
+  sub->add_option("--report-png", o->report_png, "Also render the report to a PNG (headless Chromium)")
+      ->needs(sub->get_option("--report"));
   return {sub, [o] { return run_bench(*o); }};
 }
 

@@ -23,6 +23,10 @@ struct FakeServerOptions {
   bool send_usage = true;     // final usage chunk (stream_options.include_usage)
   bool send_done = true;      // the final "data: [DONE]"
   int fail_every = 0;         // > 0: every n-th request (1-based) answers HTTP 400
+  // /metrics: per streamed token the fake "engine" counts one step of forward_s (step_s in all) and,
+  // per request, one speculative round of 3 drafts with 2 accepted (positions 0 and 1).
+  bool metrics = false;
+  double forward_s = 0.008, step_s = 0.009;
 };
 
 class FakeOpenAiServer {
@@ -30,6 +34,21 @@ class FakeOpenAiServer {
   explicit FakeOpenAiServer(FakeServerOptions o) : opts_(o) {
     svr_.set_tcp_nodelay(true);
     svr_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { handle(req, res); });
+    if (opts_.metrics)
+      svr_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+        std::lock_guard<std::mutex> lock(mu_);
+        std::string t = "# HELP mlaserve:engine_steps_total Engine steps.\n# TYPE mlaserve:engine_steps_total counter\n";
+        t += "mlaserve:engine_steps_total{model_name=\"fake\"} " + std::to_string(steps_) + "\n";
+        t += "mlaserve:engine_forward_seconds_total{model_name=\"fake\"} " + std::to_string(steps_ * opts_.forward_s) + "\n";
+        t += "mlaserve:engine_step_seconds_total{model_name=\"fake\"} " + std::to_string(steps_ * opts_.step_s) + "\n";
+        t += "vllm:spec_decode_num_drafts_total{model_name=\"fake\"} " + std::to_string(rounds_) + "\n";
+        t += "vllm:spec_decode_num_draft_tokens_total{model_name=\"fake\"} " + std::to_string(3 * rounds_) + "\n";
+        t += "vllm:spec_decode_num_accepted_tokens_total{model_name=\"fake\"} " + std::to_string(2 * rounds_) + "\n";
+        for (int pos = 0; pos < 3; ++pos)
+          t += "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"fake\",position=\"" + std::to_string(pos) +
+               "\"} " + std::to_string(pos < 2 ? rounds_ : 0) + "\n";
+        res.set_content(t, "text/plain; version=0.0.4");
+      });
     port_ = svr_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { svr_.listen_after_bind(); });
     while (!svr_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -92,6 +111,11 @@ class FakeOpenAiServer {
           const std::string done = "data: [DONE]\n\n";
           if (opts_.send_done) sink.write(done.data(), done.size());
           --in_flight_;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            steps_ += tokens;
+            ++rounds_;
+          }
           sink.done();
           return true;
         });
@@ -104,6 +128,7 @@ class FakeOpenAiServer {
   std::atomic<int> in_flight_{0}, max_in_flight_{0};
   mutable std::mutex mu_;
   std::vector<nlohmann::json> bodies_;
+  long steps_ = 0, rounds_ = 0;  // /metrics counters (under mu_)
 };
 
 }  // namespace mla::test

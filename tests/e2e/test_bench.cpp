@@ -285,6 +285,69 @@ TEST(BenchLoadgen, FailuresAreCountedAndListed) {
   EXPECT_NE(r.error.find("request failed"), std::string::npos) << r.error;
 }
 
+TEST(BenchServerMetrics, PrometheusParsingAndDeltas) {
+  const std::string before =
+      "# HELP x\nmlaserve:engine_steps_total{model_name=\"m\"} 100\nmlaserve:engine_forward_seconds_total{model_name=\"m\"} 1.0\n"
+      "mlaserve:engine_step_seconds_total{model_name=\"m\"} 1.2\ngarbage line without value x\n"
+      "vllm:spec_decode_num_drafts_total{a=\"1\"} 10\nvllm:spec_decode_num_draft_tokens_total 40\n"
+      "vllm:spec_decode_num_accepted_tokens_total 20\n"
+      "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 9\n"
+      "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"1\"} 6\n";
+  const std::string after =
+      "mlaserve:engine_steps_total{model_name=\"m\"} 300\nmlaserve:engine_forward_seconds_total{model_name=\"m\"} 3.0\n"
+      "mlaserve:engine_step_seconds_total{model_name=\"m\"} 3.5\n"
+      "vllm:spec_decode_num_drafts_total{a=\"1\"} 30\nvllm:spec_decode_num_draft_tokens_total 120\n"
+      "vllm:spec_decode_num_accepted_tokens_total 70\n"
+      "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 29\n"
+      "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"1\"} 16\n";
+  const bench::ServerCounters b = bench::parse_prometheus_counters(before), a = bench::parse_prometheus_counters(after);
+  EXPECT_DOUBLE_EQ(b.get("engine_steps"), 100);
+  EXPECT_FALSE(b.has("garbage"));
+  const bench::ServerPointStats s = bench::server_point_stats(b, a, /*mean_tpot_ms=*/12.0);
+  ASSERT_TRUE(s.has_engine && s.has_spec);
+  EXPECT_DOUBLE_EQ(s.steps, 200);
+  EXPECT_DOUBLE_EQ(s.forward_ms_per_step, 10.0);       // 2 s / 200 steps
+  EXPECT_DOUBLE_EQ(s.step_ms_per_step, 11.5);          // 2.3 s / 200
+  EXPECT_NEAR(s.engine_host_overhead, 0.15, 1e-12);    // (2.3 - 2) / 2
+  EXPECT_NEAR(s.client_overhead, 0.2, 1e-12);          // 12 / 10 - 1
+  EXPECT_DOUBLE_EQ(s.spec_acceptance_rate, 50.0 / 80.0);
+  EXPECT_DOUBLE_EQ(s.spec_acceptance_length, 1.0 + 50.0 / 20.0);
+  ASSERT_EQ(s.spec_per_position_acceptance_rates.size(), 2u);
+  EXPECT_DOUBLE_EQ(s.spec_per_position_acceptance_rates[0], 1.0);
+  EXPECT_DOUBLE_EQ(s.spec_per_position_acceptance_rates[1], 0.5);
+  const bench::ServerPointStats none = bench::server_point_stats({}, {}, 5.0);
+  EXPECT_FALSE(none.has_engine || none.has_spec);
+}
+
+TEST(BenchServerMetrics, PointsCarryTheServersCountersForThatPoint) {
+  test::FakeServerOptions o;
+  o.ttft_s = 0.01;
+  o.itl_s = 0.01;
+  o.metrics = true;
+  test::FakeOpenAiServer server(o);
+  bench::LoadgenConfig cfg;
+  cfg.url = server.url();
+  cfg.model = "fake";
+  cfg.input_len = 4;
+  cfg.output_len = 5;
+  cfg.num_prompts = 4;
+  cfg.concurrency = {2};
+  cfg.warmup = 1;
+  auto points = bench::run_benchmark(cfg);
+  ASSERT_TRUE(points.is_ok()) << points.status().message();
+  ASSERT_EQ(points->size(), 1u);
+  const bench::PointSummary& p = points->front();
+  ASSERT_TRUE(p.server.has_value());
+  EXPECT_DOUBLE_EQ(p.server->steps, 4 * 5);  // the warm-up's steps are not in the point
+  EXPECT_NEAR(p.server->forward_ms_per_step, 8.0, 1e-9);
+  EXPECT_NEAR(p.server->engine_host_overhead, 0.125, 1e-9);
+  EXPECT_DOUBLE_EQ(p.server->spec_num_drafts, 4);
+  EXPECT_NEAR(p.server->spec_acceptance_length, 3.0, 1e-12);
+  const nlohmann::json j = bench::point_to_json(p);
+  EXPECT_NEAR(j["server"]["spec_decode_acceptance_length"].get<double>(), 3.0, 1e-12);
+  EXPECT_TRUE(j["server"].contains("client_overhead_per_token"));
+}
+
 TEST(BenchResult, JsonHasVllmFieldNamesCostAndPlan) {
   std::vector<RequestResult> rs(2);
   rs[0] = {true, "", 1024, 400, 0.1, {0.01, 0.01}, 4.1, 0};

@@ -1,0 +1,53 @@
+// What the server itself reports about a benchmark point, read from its Prometheus `/metrics`
+// before and after the point: engine steps and where their time went (mlaserve), and speculative
+// decoding acceptance (mlaserve's and vLLM's `spec_decode_*` counters). Servers without those
+// counters (or without /metrics) simply give no figures.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace mla::bench {
+
+// Counter values by name without the "mlaserve:" / "vllm:" prefix and without a "_total" suffix;
+// samples of one name with different labels are summed, except spec_decode_num_accepted_tokens_per_pos
+// which is kept per `position` label.
+struct ServerCounters {
+  std::map<std::string, double> values;
+  std::vector<double> accepted_per_pos;
+  bool has(const std::string& name) const { return values.count(name) > 0; }
+  double get(const std::string& name) const;
+};
+
+// Parses Prometheus text exposition (comments skipped, malformed lines ignored).
+ServerCounters parse_prometheus_counters(const std::string& text);
+
+// Deltas of one point and what follows from them (0 when a counter is missing).
+struct ServerPointStats {
+  double steps = 0;
+  double forward_ms_per_step = 0;    // engine_forward_seconds / steps: the device's share of a step
+  double step_ms_per_step = 0;       // engine_step_seconds / steps: whole engine steps
+  // Server overhead per generated token relative to the engine's forward time per step:
+  //   engine_host_overhead  = (step - forward) / forward   (scheduling, detokenizing, stream pushes)
+  //   client_overhead       = mean TPOT seen by the client / forward per step - 1
+  //                           (everything between the device finishing and the client reading a
+  //                           token; valid when each step emits one token per running request).
+  double engine_host_overhead = 0;
+  double client_overhead = 0;
+  bool has_engine = false;
+  // Speculative decoding (vLLM bench names): acceptance_length = 1 + accepted / drafts.
+  bool has_spec = false;
+  double spec_num_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0;
+  double spec_acceptance_rate = 0, spec_acceptance_length = 0;
+  std::vector<double> spec_per_position_acceptance_rates;
+};
+
+ServerPointStats server_point_stats(const ServerCounters& before, const ServerCounters& after, double mean_tpot_ms);
+
+nlohmann::json server_stats_to_json(const ServerPointStats& s);
+
+}  // namespace mla::bench
