@@ -55,6 +55,18 @@ MODELS = {
                   qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, n_routed_experts=4,
                   num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1),
 }
+# The size sweep (issue #7: "sizes that give the lowest held-out loss within the size budget"). Each
+# stays under the 12 MB total with the draft and tokenizer files (main model <= ~4.58M parameters in
+# bf16): deeper-narrower, one more layer with fewer experts, and so on. `--models` picks which to run;
+# runs of different names share --work (tokenizer, encoded corpus) and can run concurrently.
+_BASE = MODELS["default"]
+SWEEP = {
+    "h192_l7": dict(_BASE, hidden_size=192, num_hidden_layers=7, q_lora_rank=96),
+    "h224_l5": dict(_BASE, hidden_size=224, num_hidden_layers=5, q_lora_rank=112),
+    "h256_l5_e6": dict(_BASE, num_hidden_layers=5, n_routed_experts=6, n_group=2, topk_group=1),
+    "h160_l8": dict(_BASE, hidden_size=160, num_hidden_layers=8, q_lora_rank=80, intermediate_size=480),
+}
+MODELS.update(SWEEP)
 
 
 def log(*a):
@@ -174,7 +186,7 @@ def stage_train(args, name):
     no_decay = [p for n_, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), fused=True)
-    steps = args.steps if name == "default" else args.draft_steps
+    steps = args.draft_steps if name == "draft" else args.steps
     state = {"step": 0, "best": float("inf"), "curve": []}
     ckpt = os.path.join(args.work, f"{name}_ckpt.pt")
     if os.path.exists(ckpt):
@@ -183,7 +195,7 @@ def stage_train(args, name):
         log(f"{name}: resumed at step {state['step']}")
     rng = np.random.default_rng(1000 + state["step"])
     log(f"{name}: {params / 1e6:.2f}M parameters, {len(train)} train tokens, {steps} steps of {args.batch}x{SEQ}")
-    budget = (args.minutes if name == "default" else args.draft_minutes) * 60
+    budget = (args.draft_minutes if name == "draft" else args.minutes) * 60
     t0 = time.time()
     model.train()
     # The schedule length is fixed once, from the speed of the first 30 steps and the wall-clock budget,
@@ -317,12 +329,15 @@ def main():
     ap.add_argument("--draft-minutes", type=float, default=1.5)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--models", default="default,draft", help=f"comma list of {', '.join(MODELS)}")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     s = args.stage
     if s in ("tokenizer", "all"): stage_tokenizer(args)
     if s in ("encode", "all"): stage_encode(args)
-    for name in ("default", "draft"):
+    for name in args.models.split(","):
+        if name not in MODELS:
+            ap.error(f"--models: unknown {name!r}")
         if s in ("train", "all"): stage_train(args, name)
         if s in ("export", "all"): stage_export(args, name)
         if s in ("eval", "all"): stage_eval(args, name)
