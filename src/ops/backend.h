@@ -19,11 +19,13 @@
 
 namespace mla::ops {
 
-// RoPE frequencies for the rotated dims of q and k. Rotation is over interleaved pairs
-// (x[2i], x[2i+1]) by angle pos * inv_freq[i], the layout DeepSeek/Kimi checkpoints use.
+// RoPE frequencies for the rotated dims of q and k. Pair i is rotated by angle pos * inv_freq[i].
+// Interleaved (DeepSeek/Kimi checkpoints): pair i is (x[2i], x[2i+1]). Otherwise Llama's
+// "rotate_half" layout (EAGLE-3 drafts): pair i is (x[i], x[i + rope_dim/2]).
 struct RopeTable {
   TensorView inv_freq;           // F32 [rope_dim / 2], in backend memory (YaRN already applied)
   float attention_factor = 1.0f;  // multiplies cos and sin (YaRN m(s,mscale)/m(s,mscale_all_dim))
+  bool interleaved = true;        // pair layout, see above
 };
 
 // Head geometry of one MLA layer on this rank.
@@ -35,6 +37,16 @@ struct MlaDims {
   int kv_lora_rank = 0;      // r
   float softmax_scale = 0;   // applied to q.k before softmax (includes YaRN mscale^2)
   int kv_dim() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
+// Head geometry of one GQA (Llama-style) attention layer: num_heads query heads share
+// num_kv_heads K/V heads in groups of num_heads / num_kv_heads consecutive query heads.
+struct GqaDims {
+  int num_heads = 0;        // H
+  int num_kv_heads = 0;     // KVH, divides H
+  int head_dim = 0;         // D
+  float softmax_scale = 0;  // applied to q.k before softmax (D^-1/2 for Llama)
+  int64_t cache_row_width() const { return int64_t(2) * num_kv_heads * head_dim; }
 };
 
 // Where each sequence's tokens and cache live for one forward step; shared by all layers.
@@ -119,9 +131,10 @@ class Backend {
   virtual void add(const TensorView& a, const TensorView& b, const TensorView& out) = 0;
   // out = silu(gate) * up. F32 [T, I] strided; out may alias gate.
   virtual void silu_mul(const TensorView& gate, const TensorView& up, const TensorView& out) = 0;
-  // In place: rotates x[t, h, 2i], x[t, h, 2i+1] by angle positions[t] * inv_freq[i] (angle in fp32),
-  // cos/sin scaled by rope.attention_factor. x F32 [T, n, rope_dim] with inner dim contiguous
-  // (rows and heads may be strided); positions I32 [T].
+  // In place: rotates each pair (x[t, h, a], x[t, h, b]) of pair i by angle positions[t] * inv_freq[i]
+  // (angle in fp32): a' = a c - b s, b' = b c + a s, cos/sin scaled by rope.attention_factor; pair i
+  // is (2i, 2i+1) when rope.interleaved, else (i, i + rope_dim/2). x F32 [T, n, rope_dim] with inner
+  // dim contiguous (rows and heads may be strided); positions I32 [T].
   virtual void rope(const TensorView& x, const TensorView& positions, const RopeTable& rope) = 0;
 
   // ---- GEMM -------------------------------------------------------------------------------------
@@ -152,6 +165,26 @@ class Backend {
   // out[t,h,:] = W_UV[h] o_latent[t,h,:]. o_latent F32 [T, H, r]; out F32 [T, H, d_v].
   virtual void mla_expand_v(const TensorView& o_latent, const Weight& kv_b_proj, const MlaDims& dims,
                             const TensorView& out) = 0;
+
+  // ---- GQA attention over a paged K/V cache (Llama-style draft heads, e.g. EAGLE-3) ---------------
+  // A layer's cache is [num_blocks, block_size, 2 * KVH * D], F32 or BF16, contiguous; a slot's row is
+  // the token's k heads then its v heads ([k_0 .. k_{KVH-1} | v_0 .. v_{KVH-1}], D values each).
+  // Slots as in AttentionBatch. A BF16 cache stores f32_to_bf16 (round to nearest even), read back
+  // exactly, as kv_cache_write.
+  // cache[slot_mapping[t]] = [k[t, :] | v[t, :]]. k, v F32 [T, KVH*D] strided rows.
+  virtual void gqa_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
+                               const TensorView& cache) = 0;
+  // out[t, h*D:(h+1)*D] = sum_j softmax_j(scale * q[t,h,:] . k_j[g]) v_j[g], g = h / (H / KVH),
+  // causal per AttentionBatch, fp32. q F32 [T, H*D] strided rows (RoPE applied); out F32 [T, H*D]
+  // strided rows, must not alias q. H % KVH == 0.
+  virtual void gqa_attention(const TensorView& q, const TensorView& cache, const AttentionBatch& batch,
+                             const GqaDims& dims, const TensorView& out) = 0;
+  // out[n, index[d]] = src[n, d] for d < Dv; every other column of out = fill (e.g. -inf: a reduced
+  // draft vocabulary mapped to the target's). src F32 [N, Dv] strided rows; index I32 [Dv], entries
+  // distinct and in [0, V) (the CPU checks the range; the GPU skips entries outside it); out F32
+  // [N, V] strided rows, must not alias src.
+  virtual void scatter_columns(const TensorView& src, const TensorView& index, float fill,
+                               const TensorView& out) = 0;
 
   // ---- MoE --------------------------------------------------------------------------------------
   // DeepSeek-V3 noaux_tc routing. router_logits F32 [T, E]; bias F32 [E] or empty.
@@ -185,6 +218,28 @@ class Backend {
   virtual void sample_from_probs(const TensorView& probs, const TensorView& uniforms, const TensorView& out_ids) = 0;
   // out_ids[b] = index of the maximum of row b (lowest index on ties). logits F32 [B, V].
   virtual void argmax(const TensorView& logits, const TensorView& out_ids) = 0;
+
+  // ---- speculative decoding (issue #8; MODELS.md section 6) ---------------------------------------
+  // Chain verification by rejection sampling, row-wise over B sequences with up to K drafts each.
+  // draft_probs F32 [B, K, V]: the filtered, renormalized distribution q_i each draft token was drawn
+  // from; draft_ids I32 [B, K]; num_drafts I32 [B] in [0, K] (draft slots >= num_drafts[b] unused);
+  // target_probs F32 [B, K+1, V]: the target's filtered, renormalized p_i at each verified position;
+  // uniforms F32 [B, K+1] in [0, 1): uniforms[b][i] (i < K) decides draft i, uniforms[b][K] samples
+  // the one extra token. For i = 0.. while accepted: draft i is accepted iff
+  // uniforms[b][i] * q_i(d_i) < p_i(d_i) (fp32, no division: q(d) = 0 < p(d) accepts, p(d) = 0
+  // rejects). At the first rejection i, the extra token is drawn with uniforms[b][K] from
+  // normalize(max(p_i - q_i, 0)) (fp32 residual) by the inverse CDF of sample_from_probs (if that
+  // residual is all zero, i.e. p_i <= q_i everywhere, e.g. p_i == q_i and q_i(d_i) = 0: from p_i);
+  // if all n = num_drafts[b] drafts are accepted, from p_n (the bonus token). Rows of p and q need
+  // not sum to 1. Drafts and uniforms in slots n..K-1 are not read.
+  // out_ids I32 [B, K+1]: the accepted drafts, then the extra token, then -1 to the end;
+  // out_num_emitted I32 [B] = accepted + 1. Outputs must not alias inputs. K = 0 is allowed (a plain
+  // sample from p_0). Values in device memory (num_drafts, draft ids, uniforms) are checked by the CPU
+  // backend only.
+  virtual void speculative_verify(const TensorView& draft_probs, const TensorView& draft_ids,
+                                  const TensorView& num_drafts, const TensorView& target_probs,
+                                  const TensorView& uniforms, const TensorView& out_ids,
+                                  const TensorView& out_num_emitted) = 0;
 };
 
 }  // namespace mla::ops

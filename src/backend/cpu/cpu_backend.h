@@ -61,6 +61,13 @@ class CpuBackend final : public ops::Backend {
   void mla_expand_v(const TensorView& o_latent, const ops::Weight& kv_b_proj, const ops::MlaDims& dims,
                     const TensorView& out) override;
 
+  // GQA attention over a paged K/V cache, draft vocabulary scatter (cpu_gqa.cpp)
+  void gqa_cache_write(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
+                       const TensorView& cache) override;
+  void gqa_attention(const TensorView& q, const TensorView& cache, const ops::AttentionBatch& batch,
+                     const ops::GqaDims& dims, const TensorView& out) override;
+  void scatter_columns(const TensorView& src, const TensorView& index, float fill, const TensorView& out) override;
+
   // MoE (cpu_moe.cpp)
   void moe_route(const TensorView& router_logits, const TensorView& bias, const ops::MoeRouting& routing,
                  const TensorView& topk_ids, const TensorView& topk_weights) override;
@@ -74,6 +81,9 @@ class CpuBackend final : public ops::Backend {
   void min_p_renorm_prob(const TensorView& probs, const TensorView& min_p, const TensorView& out) override;
   void sample_from_probs(const TensorView& probs, const TensorView& uniforms, const TensorView& out_ids) override;
   void argmax(const TensorView& logits, const TensorView& out_ids) override;
+  void speculative_verify(const TensorView& draft_probs, const TensorView& draft_ids, const TensorView& num_drafts,
+                          const TensorView& target_probs, const TensorView& uniforms, const TensorView& out_ids,
+                          const TensorView& out_num_emitted) override;
 
  private:
   CpuBackendOptions options_;

@@ -1,6 +1,7 @@
 // CPU reference for the row-wise ops: embedding, RMSNorm (HF semantics: fp32 statistic, weight applied
-// after normalizing), residual add, SiLU-gating and interleaved RoPE. Rows are independent, so large
-// inputs are split over OpenMP threads; each row is computed in a fixed order (deterministic).
+// after normalizing), residual add, SiLU-gating and RoPE (interleaved or rotate_half pairs). Rows are
+// independent, so large inputs are split over OpenMP threads; each row is computed in a fixed order
+// (deterministic).
 #include <cmath>
 #include <cstring>
 
@@ -145,11 +146,14 @@ void CpuBackend::rope(const TensorView& x, const TensorView& positions, const op
       const float angle = float(pos) * f32_at(rope.inv_freq, i);
       const float c = std::cos(angle) * factor;
       const float s = std::sin(angle) * factor;
+      // Pair i: (2i, 2i+1) interleaved, (i, i + rope_dim/2) in Llama's rotate_half layout.
+      const int64_t first = rope.interleaved ? 2 * i : i, partner = rope.interleaved ? 1 : pairs;
       for (int64_t h = 0; h < heads; ++h) {
-        float* pair = x.at<float>(t, h, 2 * i);
-        const float x0 = pair[0], x1 = pair[1];
-        pair[0] = x0 * c - x1 * s;
-        pair[1] = x1 * c + x0 * s;
+        float* a = x.at<float>(t, h, first);
+        float* b = a + partner;
+        const float x0 = *a, x1 = *b;
+        *a = x0 * c - x1 * s;
+        *b = x1 * c + x0 * s;
       }
     }
   }

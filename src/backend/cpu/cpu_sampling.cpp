@@ -133,26 +133,9 @@ void CpuBackend::sample_from_probs(const TensorView& probs, const TensorView& un
     const float* p = probs.at<const float>(b);
     const float u = f32_at(uniforms, b);
     MLA_CHECK(u >= 0.0f && u < 1.0f, "sample_from_probs: uniform {} of row {} outside [0, 1)", u, b);
-    double sum = 0.0;
-    int64_t last_nonzero = -1;
-    for (int64_t i = 0; i < vocab; ++i) {
-      MLA_CHECK(p[i] >= 0.0f, "sample_from_probs: negative probability {} at [{}, {}]", p[i], b, i);
-      sum += p[i];
-      if (p[i] > 0.0f) last_nonzero = i;
-    }
-    MLA_CHECK(last_nonzero >= 0, "sample_from_probs: row {} has no positive probability", b);
-    // Strict '>' means the cumsum must step past the target at i, so p[i] > 0. A target on a
-    // boundary goes to the next nonzero token; a rounding shortfall at the end to the last one.
-    const double target = double(u) * sum;
-    int64_t chosen = last_nonzero;
-    double cumsum = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      cumsum += p[i];
-      if (cumsum > target) {
-        chosen = i;
-        break;
-      }
-    }
+    // The rule shared with speculative_verify (cpu_util.h): lowest i whose cumsum exceeds u * sum.
+    const int64_t chosen = inverse_cdf_pick(vocab, u, [&](int64_t i) { return p[i]; }, "sample_from_probs");
+    MLA_CHECK(chosen >= 0, "sample_from_probs: row {} has no positive probability", b);
     *out_ids.at<int32_t>(b) = int32_t(chosen);
   }
 }

@@ -68,6 +68,31 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return lane[0];
 }
 
+// The inverse-CDF rule shared by sample_from_probs and speculative_verify's extra token (the GPU
+// kernels mirror it): over the non-negative weights w(0..vocab) (need not sum to 1), the lowest i whose
+// running sum (double, ascending i) exceeds u * total. Strict '>' means the sum must step past the
+// target at i, so w(i) > 0: a target on a boundary goes to the next positive weight, a rounding
+// shortfall at the end to the last positive one. Returns -1 when no weight is positive.
+// Precondition: u in [0, 1). `what` names the op in the negative-weight check.
+template <typename WeightAt> int64_t inverse_cdf_pick(int64_t vocab, float u, WeightAt&& w, const char* what) {
+  double sum = 0.0;
+  int64_t last_positive = -1;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float v = w(i);
+    MLA_CHECK(v >= 0.0f, "{}: negative probability {} at index {}", what, v, i);
+    sum += v;
+    if (v > 0.0f) last_positive = i;
+  }
+  if (last_positive < 0) return -1;
+  const double target = double(u) * sum;
+  double cumsum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    cumsum += w(i);
+    if (cumsum > target) return i;
+  }
+  return last_positive;
+}
+
 // y[i] += a * x[i] (no reduction, so any vectorization the compiler does is bit-identical).
 inline void axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];

@@ -1,8 +1,9 @@
 // GPU elementwise and normalization ops: embedding (and the F32 row gather), RMSNorm with the fused
-// residual add, strided copy and add, SiLU gating and interleaved RoPE. All are memory-bound single
-// passes; they keep the CPU reference's exact fp32 operation order (double row statistics, no FMA
-// contraction where the CPU has none, precise expf/cosf/sinf) and use scalar coalesced accesses
-// rather than vector loads, trading a little bandwidth on small rows for bit-level parity.
+// residual add, strided copy and add, SiLU gating and RoPE (interleaved or rotate_half pairs). All
+// are memory-bound single passes; they keep the CPU reference's exact fp32 operation order (double
+// row statistics, no FMA contraction where the CPU has none, precise expf/cosf/sinf) and use scalar
+// coalesced accesses rather than vector loads, trading a little bandwidth on small rows for
+// bit-level parity.
 #include <algorithm>
 #include <cmath>
 
@@ -165,7 +166,7 @@ __global__ void silu_mul_kernel(const float* gate, int64_t g_stride, const float
 // nvcc from fusing x0*c - x1*s into an FMA, which the CPU reference (no FMA) does not do.
 __global__ void rope_kernel(float* x, int64_t t_stride, int64_t h_stride, int heads, int pairs,
                             const int32_t* positions, int64_t pos_stride, const float* inv_freq, int64_t freq_stride,
-                            float factor) {
+                            float factor, bool interleaved) {
   extern __shared__ float cos_sin[];  // [pairs] cos then [pairs] sin
   const int64_t t = blockIdx.x;
   const int32_t pos = positions[t * pos_stride];
@@ -179,10 +180,12 @@ __global__ void rope_kernel(float* x, int64_t t_stride, int64_t h_stride, int he
   const int total = heads * pairs;
   for (int k = threadIdx.x; k < total; k += blockDim.x) {
     const int h = k / pairs, i = k - h * pairs;
-    float* pair = row + int64_t(h) * h_stride + 2 * i;
-    const float x0 = pair[0], x1 = pair[1], c = cos_sin[i], s = cos_sin[pairs + i];
-    pair[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    pair[1] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+    // Pair i: (2i, 2i+1) interleaved, (i, i + pairs) rotate_half. Each (h, i) is one thread's.
+    float* a = row + int64_t(h) * h_stride + (interleaved ? 2 * i : i);
+    float* b = a + (interleaved ? 1 : pairs);
+    const float x0 = *a, x1 = *b, c = cos_sin[i], s = cos_sin[pairs + i];
+    *a = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    *b = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
   }
 }
 
@@ -337,7 +340,8 @@ void GpuBackend::rope(const TensorView& x, const TensorView& positions, const op
   // Positions are not checked for >= 0 here (the CPU CHECKs them); a negative one rotates backwards.
   rope_kernel<<<unsigned(num_tokens), kThreads, size_t(pairs) * 8, stream()>>>(
       x.as<float>(), x.stride[0], x.stride[1], int(heads), int(pairs), positions.as<const int32_t>(),
-      positions.stride[0], rope.inv_freq.as<const float>(), rope.inv_freq.stride[0], rope.attention_factor);
+      positions.stride[0], rope.inv_freq.as<const float>(), rope.inv_freq.stride[0], rope.attention_factor,
+      rope.interleaved);
   MLA_GPU_LAUNCH_CHECK();
 }
 
