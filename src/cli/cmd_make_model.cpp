@@ -13,7 +13,7 @@ namespace mla::cli {
 namespace {
 struct MakeModelArgs {
   std::string preset = "tiny";
-  std::optional<int> layers, experts;
+  std::optional<int> layers, experts, mtp_layers;
   std::string dtype = "bf16";
   uint64_t seed = 0;
   std::string out;
@@ -28,6 +28,7 @@ int run_make_model(const MakeModelArgs& a) {
     std::fprintf(stderr, "mlaserve make-model: %s\n", st.message().c_str());
     return 2;
   }
+  if (a.mtp_layers) cfg->num_nextn_predict_layers = *a.mtp_layers;  // range-checked by the writer's validation
   Result<io::ModelConfig> q = io::with_quantization(*cfg, a.dtype);
   if (!q) { std::fprintf(stderr, "mlaserve make-model: %s\n", q.status().message().c_str()); return 2; }
   ProgressBar bar("writing " + a.out);
@@ -60,6 +61,8 @@ Command add_make_model_command(CLI::App& app) {
   sub->add_option("--preset", args->preset, "Geometry: tiny, deepseek-v3 or kimi-k2")->capture_default_str();
   sub->add_option("--layers", args->layers, "Override num_hidden_layers");
   sub->add_option("--experts", args->experts, "Override n_routed_experts");
+  sub->add_option("--mtp-layers", args->mtp_layers,
+                  "Override num_nextn_predict_layers: MTP (NextN) blocks written after the decoder layers");
   sub->add_option("--dtype", args->dtype, "Weight format: bf16, fp8 (DeepSeek 128x128 blocks) or int4 (W4A16 group 32)")
       ->check(CLI::IsMember({"bf16", "fp8", "int4"}))
       ->capture_default_str();

@@ -62,14 +62,29 @@ Result<std::unique_ptr<DeepseekV3>> DeepseekV3::load(const std::string& model_di
   MLA_ASSIGN_OR_RETURN(io::Checkpoint ckpt, io::Checkpoint::open(model_dir));
   if (limits.max_tokens <= 0 || limits.max_seqs <= 0 || limits.max_block_entries <= 0)
     return error("model limits must be positive");
-  std::unique_ptr<DeepseekV3> m(new DeepseekV3(std::move(cfg), backend, comm, limits));
-  m->checkpoint_ = std::make_unique<io::Checkpoint>(std::move(ckpt));
+  auto checkpoint = std::make_unique<io::Checkpoint>(std::move(ckpt));
   const dist::ParallelPlan plan{comm.rank(), comm.world_size()};
-  const uint64_t total = m->checkpoint_->total_bytes();
+  const uint64_t total = checkpoint->total_bytes();
   PlacedBytes on_placed;
   if (progress) on_placed = [&progress, total](uint64_t done) { progress(std::min(done, total), total); };
-  MLA_ASSIGN_OR_RETURN(m->weights_, load_deepseek_v3_weights(m->cfg_, *m->checkpoint_, backend, plan, on_placed));
+  MLA_ASSIGN_OR_RETURN(DeepseekV3Weights weights, load_deepseek_v3_weights(cfg, *checkpoint, backend, plan, on_placed));
   if (progress) progress(total, total);  // tensors the model does not use (e.g. MTP) count as done
+  return from_weights(std::move(cfg), std::move(weights), std::move(checkpoint), backend, limits, comm);
+}
+
+Result<std::unique_ptr<DeepseekV3>> DeepseekV3::from_weights(io::ModelConfig cfg, DeepseekV3Weights weights,
+                                                             std::unique_ptr<io::Checkpoint> checkpoint,
+                                                             ops::Backend& backend, const ModelLimits& limits,
+                                                             dist::Communicator& comm) {
+  if (limits.max_tokens <= 0 || limits.max_seqs <= 0 || limits.max_block_entries <= 0)
+    return error("model limits must be positive");
+  if (!checkpoint) return error("from_weights: no checkpoint backs the weights");
+  if (int64_t(weights.layers.size()) != cfg.num_hidden_layers)
+    return error("from_weights: {} layer weights for num_hidden_layers {}", weights.layers.size(), cfg.num_hidden_layers);
+  std::unique_ptr<DeepseekV3> m(new DeepseekV3(std::move(cfg), backend, comm, limits));
+  m->checkpoint_ = std::move(checkpoint);
+  m->weights_ = std::move(weights);
+  const dist::ParallelPlan plan{comm.rank(), comm.world_size()};
 
   const io::ModelConfig& c = m->cfg_;
   m->dims_ = ops::MlaDims{plan.local_heads(c.num_attention_heads), c.qk_nope_head_dim, c.qk_rope_head_dim,
@@ -115,9 +130,11 @@ Result<std::unique_ptr<DeepseekV3>> DeepseekV3::load(const std::string& model_di
 
 // One captured decode compute and the key it was captured for (see set_decode_graphs).
 struct DeepseekV3::DecodeGraph {
-  int64_t T = 0, N = 0;                // tokens (= sequences) and logits rows
+  int64_t T = 0, N = 0;                // tokens and logits rows
+  int q_len = 1;                       // every sequence's new tokens (so sequences = T / q_len)
   void* logits = nullptr;              // data of the logits view [N, vocab]
   std::vector<TensorView> kv_cache;    // the cache views the graph writes and reads
+  StepExtras extras;                   // features captured and input_embeds read, part of the key
   std::unique_ptr<ops::OpGraph> graph;
 };
 
@@ -144,7 +161,11 @@ void DeepseekV3::stage_inputs(const ForwardInputs& in) {
   MLA_CHECK(S > 0 && S <= limits_.max_seqs, "step of {} sequences (limit {})", S, limits_.max_seqs);
   MLA_CHECK(int(in.positions.size()) == T, "positions {} != tokens {}", in.positions.size(), T);
   MLA_CHECK(int(in.kv_cache.size()) == num_cache_layers(), "{} cache layers given", in.kv_cache.size());
-  MLA_CHECK(!in.logits_rows.empty() && int(in.logits_rows.size()) <= T, "{} logits rows", in.logits_rows.size());
+  // Rows may repeat (speculative verification pads each sequence to K+1 rows), so there can be more
+  // logits rows than tokens; the workspace holds max_tokens of them.
+  MLA_CHECK(!in.logits_rows.empty() && int(in.logits_rows.size()) <= limits_.max_tokens, "{} logits rows (limit {})",
+            in.logits_rows.size(), limits_.max_tokens);
+  for (int32_t r : in.logits_rows) MLA_CHECK(r >= 0 && r < T, "logits row {} outside the step's {} tokens", r, T);
   const int bs = in.block_size;
   MLA_CHECK(bs > 0, "block_size {}", bs);
   for (const TensorView& c : in.kv_cache)
@@ -208,35 +229,71 @@ void DeepseekV3::forward(const ForwardInputs& in, const TensorView& logits) {
   MLA_CHECK(logits.dtype == DType::F32 && logits.ndim == 2 && logits.dim(0) == N && logits.dim(1) == cfg_.vocab_size &&
                 logits.is_contiguous(),
             "logits {} for {} rows", logits.describe(), N);
-  const bool decode_only =
-      std::all_of(in.seqs.begin(), in.seqs.end(), [](const SequenceSlice& s) { return s.q_len == 1; });
-  const bool absorbed = mla_path_ == MlaPath::Absorbed || (mla_path_ == MlaPath::Auto && decode_only);
-  if (!decode_graphs_ || !decode_only || !absorbed) {
-    compute(T, N, absorbed, in.kv_cache, logits);
+  const int64_t hid = cfg_.hidden_size;
+  StepExtras extras;
+  extras.feature_layers.assign(in.feature_layers.begin(), in.feature_layers.end());
+  if (!extras.feature_layers.empty()) {
+    for (int l : extras.feature_layers)
+      MLA_CHECK(l == kFinalNormedFeature || (l >= 0 && l < cfg_.num_hidden_layers), "feature layer {} (model has {})",
+                l, cfg_.num_hidden_layers);
+    const int64_t n = int64_t(extras.feature_layers.size());
+    MLA_CHECK(in.features.data && in.features.dtype == DType::F32 && in.features.ndim == 2 &&
+                  in.features.dim(0) == T && in.features.dim(1) == n * hid,
+              "features {} for {} rows of {} features x {}", in.features.describe(), T, n, hid);
+    extras.features = in.features;
+  }
+  if (in.input_embeds.data) {
+    MLA_CHECK(in.input_embeds.dtype == DType::F32 && in.input_embeds.ndim == 2 && in.input_embeds.dim(0) == T &&
+                  in.input_embeds.dim(1) == hid,
+              "input_embeds {} for {} rows of {}", in.input_embeds.describe(), T, hid);
+    extras.input_embeds = in.input_embeds;
+  }
+  // Auto: absorbed for decode-only steps (a rule that does not depend on what else shares a prefill
+  // step, so prompt logits stay batch-invariant). An absorbed step whose sequences all have the same
+  // short q_len (decode, or speculative verification of the newest token plus K drafts, which the
+  // engine runs absorbed explicitly) can replay a graph.
+  const int q0 = in.seqs.front().q_len;
+  const bool uniform = std::all_of(in.seqs.begin(), in.seqs.end(), [q0](const SequenceSlice& s) { return s.q_len == q0; });
+  const bool absorbed = mla_path_ == MlaPath::Absorbed || (mla_path_ == MlaPath::Auto && uniform && q0 == 1);
+  if (!decode_graphs_ || !uniform || q0 > kMaxGraphQLen || !absorbed) {
+    compute(T, N, absorbed, in.kv_cache, logits, extras);
     return;
   }
   for (const std::unique_ptr<DecodeGraph>& g : graphs_) {
-    if (g->T != T || g->N != N || g->logits != logits.data) continue;
+    if (g->T != T || g->N != N || g->q_len != q0 || g->logits != logits.data) continue;
     if (!std::equal(g->kv_cache.begin(), g->kv_cache.end(), in.kv_cache.begin(), in.kv_cache.end(), same_view)) continue;
+    if (g->extras.feature_layers != extras.feature_layers) continue;
+    if (!extras.feature_layers.empty() && !same_view(g->extras.features, extras.features)) continue;
+    if (!same_view(g->extras.input_embeds, extras.input_embeds)) continue;
     g->graph->replay();
     return;
   }
-  compute(T, N, true, in.kv_cache, logits);  // this step's result; sizes the backend's scratch
+  compute(T, N, true, in.kv_cache, logits, extras);  // this step's result; sizes the backend's scratch
   // Bounded: one graph per batch size and buffer pair is the steady state; stale keys (buffers of an
   // earlier run) are dropped wholesale rather than tracked.
   if (graphs_.size() >= size_t(2 * limits_.max_seqs + 8)) graphs_.clear();
   auto g = std::make_unique<DecodeGraph>();
   g->T = T;
   g->N = N;
+  g->q_len = q0;
   g->logits = logits.data;
   g->kv_cache.assign(in.kv_cache.begin(), in.kv_cache.end());
-  const std::vector<TensorView>* layers = &g->kv_cache;  // heap-owned by g: stable for the graph's life
-  g->graph = backend_.capture([this, T, N, layers, logits] { compute(T, N, true, *layers, logits); });
+  g->extras = std::move(extras);
+  // Heap-owned by g: stable for the graph's life.
+  const std::vector<TensorView>* layers = &g->kv_cache;
+  const StepExtras* kept = &g->extras;
+  g->graph = backend_.capture([this, T, N, layers, logits, kept] { compute(T, N, true, *layers, logits, *kept); });
   graphs_.push_back(std::move(g));
 }
 
+void DeepseekV3::capture_feature(const StepExtras& extras, int feature, const TensorView& src) {
+  const int64_t hid = cfg_.hidden_size;
+  for (size_t i = 0; i < extras.feature_layers.size(); ++i)
+    if (extras.feature_layers[i] == feature) backend_.copy(src, extras.features.slice(1, int64_t(i) * hid, hid));
+}
+
 void DeepseekV3::compute(int64_t T, int64_t N, bool absorbed, std::span<const TensorView> kv_cache,
-                         const TensorView& logits) {
+                         const TensorView& logits, const StepExtras& extras) {
   Workspace& ws = *ws_;
   const float eps = float(cfg_.rms_norm_eps);
   const TensorView ids = ws.ids.slice(0, 0, T);
@@ -245,18 +302,25 @@ void DeepseekV3::compute(int64_t T, int64_t N, bool absorbed, std::span<const Te
   const TensorView a = ws.attn_proj.slice(0, 0, T);  // {T, hidden}
   const TensorView f = ws.ffn_out.slice(0, 0, T);    // {T, hidden}
 
-  backend_.embedding(ids, weights_.embed_tokens, h);
+  if (extras.input_embeds.data) backend_.copy(extras.input_embeds, h);
+  else backend_.embedding(ids, weights_.embed_tokens, h);
   for (int L = 0; L < cfg_.num_hidden_layers; ++L) {
     const LayerWeights& lw = weights_.layers[size_t(L)];
     // Pre-norm block: h += Attn(norm(h)); h += FFN(norm(h)). The previous FFN output is added here,
-    // fused with the norm.
-    if (L == 0) backend_.rms_norm(h, lw.input_layernorm, eps, x);
-    else backend_.add_rms_norm(h, f, lw.input_layernorm, eps, x);
+    // fused with the norm; only then does h hold the stream leaving layer L-1.
+    if (L == 0) {
+      backend_.rms_norm(h, lw.input_layernorm, eps, x);
+    } else {
+      backend_.add_rms_norm(h, f, lw.input_layernorm, eps, x);
+      capture_feature(extras, L - 1, h);
+    }
     attention(L, x, kv_cache[size_t(L)], absorbed, a);
     backend_.add_rms_norm(h, a, lw.post_attention_layernorm, eps, x);
     ffn(L, x, f);
   }
   backend_.add_rms_norm(h, f, weights_.norm, eps, x);
+  capture_feature(extras, cfg_.num_hidden_layers - 1, h);  // {T, hidden} pre-norm stream
+  capture_feature(extras, kFinalNormedFeature, x);         // {T, hidden} after model.norm
   // lm_head only on the rows that need logits (the last token of each prefill, every decode row).
   const TensorView rows = ws.final_rows.slice(0, 0, N);
   backend_.embedding(ws.logits_rows.slice(0, 0, N), x, rows);

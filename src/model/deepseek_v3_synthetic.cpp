@@ -58,7 +58,10 @@ Status write_synthetic_checkpoint(const io::ModelConfig& cfg, const std::string&
   io::ShardedCheckpointWriter w(opt.max_shard_bytes, opt.force_sharding);
   w.set_metadata({{"format", "pt"}, {"generator", "mlaserve make-model (random weights)"}});
   w.set_progress(opt.progress);
-  for (const TensorSpec& spec : deepseek_v3_tensor_specs(cfg)) {
+  // The main model, then the num_nextn_predict_layers MTP blocks (layers L >= num_hidden_layers).
+  std::vector<TensorSpec> specs = deepseek_v3_tensor_specs(cfg);
+  for (TensorSpec& spec : deepseek_v3_mtp_tensor_specs(cfg)) specs.push_back(std::move(spec));
+  for (const TensorSpec& spec : specs) {
     const uint64_t key = mix(opt.seed ^ name_hash(spec.name));
     switch (spec.role) {
       case TensorRole::Embedding:
@@ -85,8 +88,9 @@ Status write_synthetic_checkpoint(const io::ModelConfig& cfg, const std::string&
         break;
     }
     const int64_t out = spec.shape[0], in = spec.shape[1];
-    // lm_head gets a larger gain so random logits have clear top-1 margins.
-    const float std_dev = (spec.name.starts_with("lm_head") ? 3.0f : 1.0f) / std::sqrt(float(in));
+    // lm_head (and MTP's shared_head.head) get a larger gain so random logits have clear top-1 margins.
+    const bool head = spec.name.starts_with("lm_head") || spec.name.ends_with("shared_head.head.weight");
+    const float std_dev = (head ? 3.0f : 1.0f) / std::sqrt(float(in));
     switch (spec.role == TensorRole::Router ? StoredFormat::Dense : stored_format(cfg, spec)) {
       case StoredFormat::Dense:
         w.add(spec.name, DType::BF16, spec.shape, [key, std_dev](std::span<uint8_t> b) {

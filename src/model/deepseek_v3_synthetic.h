@@ -19,7 +19,8 @@ struct SyntheticOptions {
   io::WriteProgress progress;
 };
 
-// Writes config.json and the weights of `cfg` (stored per its quantization_config) into `dir`.
+// Writes config.json and the weights of `cfg` (stored per its quantization_config) into `dir`,
+// including the num_nextn_predict_layers MTP blocks (deepseek_v3_mtp_tensor_specs).
 // Weight scale ~ N(0, 1/in) per linear, so activations stay O(1) through any depth; norms ~1.
 Status write_synthetic_checkpoint(const io::ModelConfig& cfg, const std::string& dir, const SyntheticOptions& opt);
 

@@ -29,6 +29,17 @@ struct TensorSpec {
 // Every tensor of the main model (MTP layers excluded), in layer order.
 std::vector<TensorSpec> deepseek_v3_tensor_specs(const io::ModelConfig& cfg);
 
+// The tensors of the num_nextn_predict_layers MTP (NextN) blocks, stored as layers
+// L = num_hidden_layers + i (MODELS.md 1.2/1.9): enorm, hnorm [hidden], eh_proj [hidden, 2*hidden],
+// a full decoder layer (MoE per is_moe_layer(L)), shared_head.norm [hidden] and shared_head.head
+// [vocab, hidden]. Every spec carries layer = L. The per-layer copy of embed_tokens that some
+// checkpoints hold is not listed: the MTP block reads the main model.embed_tokens.
+std::vector<TensorSpec> deepseek_v3_mtp_tensor_specs(const io::ModelConfig& cfg);
+
+// True for the MTP-only tensors (enorm, hnorm, eh_proj, shared_head.*), false for decoder-layer
+// and global tensors.
+bool is_mtp_only_tensor(const TensorSpec& spec);
+
 // How a Linear weight is stored under the config's quantization_config:
 // FP8 block covers attention projections and all MLP/expert linears (not the router, embeddings or
 // lm_head); INT4 covers the Linear modules not matched by the `ignore` list (Kimi K2 Thinking: only

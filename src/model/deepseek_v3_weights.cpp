@@ -109,6 +109,70 @@ class Loader {
   uint64_t placed_ = 0;
 };
 
+// Places one tensor of a decoder layer (attention, norms, MLP/MoE) into its slot of `L`.
+Status load_layer_tensor(const io::ModelConfig& cfg, Loader& ld, const dist::ParallelPlan& plan,
+                         const TensorSpec& spec, LayerWeights& L) {
+  const std::string& n = spec.name;
+  L.is_moe = cfg.is_moe_layer(spec.layer);
+  const std::string local = n.substr(fmt::format("model.layers.{}.", spec.layer).size());
+  // Norm weights.
+  if (spec.role == TensorRole::Norm) {
+    MLA_ASSIGN_OR_RETURN(TensorView v, ld.tensor(n, spec.shape, {DType::BF16, DType::F32}));
+    if (local == "input_layernorm.weight") L.input_layernorm = v;
+    else if (local == "post_attention_layernorm.weight") L.post_attention_layernorm = v;
+    else if (local == "self_attn.q_a_layernorm.weight") L.attn.q_a_layernorm = v;
+    else if (local == "self_attn.kv_a_layernorm.weight") L.attn.kv_a_layernorm = v;
+    else return ld.fail(n, "no slot for this tensor (internal tensor list mismatch)");
+    return Status::ok();
+  }
+  if (spec.role == TensorRole::Router) {
+    MLA_ASSIGN_OR_RETURN(L.moe.gate, ld.linear(n, spec.shape));
+    return Status::ok();
+  }
+  if (spec.role == TensorRole::RouterBias) {
+    MLA_ASSIGN_OR_RETURN(L.moe.e_score_correction_bias, ld.bias_f32(n, spec.shape[0]));
+    return Status::ok();
+  }
+  // Linear weights: find the slot this name fills.
+  int expert = -1;
+  std::string part = local;
+  if (local.starts_with("mlp.experts.")) {
+    const size_t dot = local.find('.', 12);
+    expert = std::stoi(local.substr(12, dot - 12));
+    part = local.substr(dot + 1);
+    if (!plan.holds_expert(expert, cfg.n_routed_experts)) return Status::ok();  // another rank's expert
+  }
+  MLA_ASSIGN_OR_RETURN(ops::Weight lw, ld.linear(n, spec.shape));
+  auto mlp_slot = [&](ops::ExpertWeights& e, const std::string& p) {
+    if (p == "gate_proj.weight") e.gate_proj = lw;
+    else if (p == "up_proj.weight") e.up_proj = lw;
+    else e.down_proj = lw;
+  };
+  if (expert >= 0) {
+    mlp_slot(L.moe.experts[size_t(expert)], part);
+  } else if (local.starts_with("mlp.shared_experts.")) {
+    L.moe.has_shared = true;
+    mlp_slot(L.moe.shared_experts, local.substr(19));
+  } else if (local.starts_with("mlp.")) {
+    mlp_slot(L.mlp, local.substr(4));
+  } else if (local == "self_attn.q_proj.weight") {
+    L.attn.q_proj = lw;
+  } else if (local == "self_attn.q_a_proj.weight") {
+    L.attn.q_a_proj = lw;
+  } else if (local == "self_attn.q_b_proj.weight") {
+    L.attn.q_b_proj = lw;
+  } else if (local == "self_attn.kv_a_proj_with_mqa.weight") {
+    L.attn.kv_a_proj_with_mqa = lw;
+  } else if (local == "self_attn.kv_b_proj.weight") {
+    L.attn.kv_b_proj = lw;
+  } else if (local == "self_attn.o_proj.weight") {
+    L.attn.o_proj = lw;
+  } else {
+    return ld.fail(n, "no slot for this tensor (internal tensor list mismatch)");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<DeepseekV3Weights> load_deepseek_v3_weights(const io::ModelConfig& cfg, const io::Checkpoint& ckpt,
@@ -136,63 +200,7 @@ Result<DeepseekV3Weights> load_deepseek_v3_weights(const io::ModelConfig& cfg, c
       }
       continue;
     }
-    LayerWeights& L = w.layers[size_t(spec.layer)];
-    L.is_moe = cfg.is_moe_layer(spec.layer);
-    const std::string local = n.substr(fmt::format("model.layers.{}.", spec.layer).size());
-    // Norm weights.
-    if (spec.role == TensorRole::Norm) {
-      MLA_ASSIGN_OR_RETURN(TensorView v, ld.tensor(n, spec.shape, {DType::BF16, DType::F32}));
-      if (local == "input_layernorm.weight") L.input_layernorm = v;
-      else if (local == "post_attention_layernorm.weight") L.post_attention_layernorm = v;
-      else if (local == "self_attn.q_a_layernorm.weight") L.attn.q_a_layernorm = v;
-      else L.attn.kv_a_layernorm = v;
-      continue;
-    }
-    if (spec.role == TensorRole::Router) {
-      MLA_ASSIGN_OR_RETURN(L.moe.gate, ld.linear(n, spec.shape));
-      continue;
-    }
-    if (spec.role == TensorRole::RouterBias) {
-      MLA_ASSIGN_OR_RETURN(L.moe.e_score_correction_bias, ld.bias_f32(n, spec.shape[0]));
-      continue;
-    }
-    // Linear weights: find the slot this name fills.
-    int expert = -1;
-    std::string part = local;
-    if (local.starts_with("mlp.experts.")) {
-      const size_t dot = local.find('.', 12);
-      expert = std::stoi(local.substr(12, dot - 12));
-      part = local.substr(dot + 1);
-      if (!plan.holds_expert(expert, cfg.n_routed_experts)) continue;  // another rank's expert
-    }
-    MLA_ASSIGN_OR_RETURN(ops::Weight lw, ld.linear(n, spec.shape));
-    auto mlp_slot = [&](ops::ExpertWeights& e, const std::string& p) {
-      if (p == "gate_proj.weight") e.gate_proj = lw;
-      else if (p == "up_proj.weight") e.up_proj = lw;
-      else e.down_proj = lw;
-    };
-    if (expert >= 0) {
-      mlp_slot(L.moe.experts[size_t(expert)], part);
-    } else if (local.starts_with("mlp.shared_experts.")) {
-      L.moe.has_shared = true;
-      mlp_slot(L.moe.shared_experts, local.substr(19));
-    } else if (local.starts_with("mlp.")) {
-      mlp_slot(L.mlp, local.substr(4));
-    } else if (local == "self_attn.q_proj.weight") {
-      L.attn.q_proj = lw;
-    } else if (local == "self_attn.q_a_proj.weight") {
-      L.attn.q_a_proj = lw;
-    } else if (local == "self_attn.q_b_proj.weight") {
-      L.attn.q_b_proj = lw;
-    } else if (local == "self_attn.kv_a_proj_with_mqa.weight") {
-      L.attn.kv_a_proj_with_mqa = lw;
-    } else if (local == "self_attn.kv_b_proj.weight") {
-      L.attn.kv_b_proj = lw;
-    } else if (local == "self_attn.o_proj.weight") {
-      L.attn.o_proj = lw;
-    } else {
-      return ld.fail(n, "no slot for this tensor (internal tensor list mismatch)");
-    }
+    MLA_RETURN_IF_ERROR(load_layer_tensor(cfg, ld, plan, spec, w.layers[size_t(spec.layer)]));
   }
   if (cfg.tie_word_embeddings) {
     w.lm_head.format = ops::WeightFormat::Dense;
@@ -201,6 +209,49 @@ Result<DeepseekV3Weights> load_deepseek_v3_weights(const io::ModelConfig& cfg, c
     w.lm_head.data = w.embed_tokens;
   }
   return w;
+}
+
+Result<DeepseekMtpWeights> load_deepseek_mtp_weights(const io::ModelConfig& cfg, const io::Checkpoint& ckpt,
+                                                     ops::Backend& backend, const dist::ParallelPlan& plan,
+                                                     int mtp_layer, const TensorView* shared_embed_tokens) {
+  if (plan.world_size != 1)
+    return error("tensor-parallel head sharding is not implemented yet (world size {})", plan.world_size);
+  if (mtp_layer < 0 || mtp_layer >= cfg.num_nextn_predict_layers)
+    return error("{}/config.json: num_nextn_predict_layers is {}: no MTP layer {} in this checkpoint", ckpt.dir(),
+                 cfg.num_nextn_predict_layers, mtp_layer);
+  const int layer = cfg.num_hidden_layers + mtp_layer;
+  DeepseekMtpWeights m;
+  DeepseekV3Weights& w = m.block;
+  const PlacedBytes no_progress;  // the Loader keeps a reference: must outlive it
+  Loader ld(ckpt, backend, w, no_progress);
+  w.layers.resize(1);
+  w.layers[0].moe.experts.resize(size_t(cfg.n_routed_experts));
+  if (shared_embed_tokens) {
+    w.embed_tokens = *shared_embed_tokens;
+  } else {
+    MLA_ASSIGN_OR_RETURN(w.embed_tokens, ld.tensor("model.embed_tokens.weight", {cfg.vocab_size, cfg.hidden_size},
+                                                   {DType::BF16, DType::F32}));
+  }
+  for (const TensorSpec& spec : deepseek_v3_mtp_tensor_specs(cfg)) {
+    if (spec.layer != layer) continue;
+    const std::string local = spec.name.substr(fmt::format("model.layers.{}.", layer).size());
+    if (!is_mtp_only_tensor(spec)) {
+      MLA_RETURN_IF_ERROR(load_layer_tensor(cfg, ld, plan, spec, w.layers[0]));
+    } else if (local == "enorm.weight") {
+      MLA_ASSIGN_OR_RETURN(m.enorm, ld.tensor(spec.name, spec.shape, {DType::BF16, DType::F32}));
+    } else if (local == "hnorm.weight") {
+      MLA_ASSIGN_OR_RETURN(m.hnorm, ld.tensor(spec.name, spec.shape, {DType::BF16, DType::F32}));
+    } else if (local == "shared_head.norm.weight") {
+      MLA_ASSIGN_OR_RETURN(w.norm, ld.tensor(spec.name, spec.shape, {DType::BF16, DType::F32}));
+    } else if (local == "eh_proj.weight") {
+      MLA_ASSIGN_OR_RETURN(m.eh_proj, ld.linear(spec.name, spec.shape));
+    } else if (local == "shared_head.head.weight") {
+      MLA_ASSIGN_OR_RETURN(w.lm_head, ld.linear(spec.name, spec.shape));
+    } else {
+      return ld.fail(spec.name, "no slot for this tensor (internal tensor list mismatch)");
+    }
+  }
+  return m;
 }
 
 }  // namespace mla::model

@@ -59,4 +59,23 @@ Result<DeepseekV3Weights> load_deepseek_v3_weights(const io::ModelConfig& cfg, c
                                                    ops::Backend& backend, const dist::ParallelPlan& plan,
                                                    const PlacedBytes& on_placed = {});
 
+// One MTP (NextN) block, laid out as a one-layer model so DeepseekV3's forward runs it:
+// block.layers = {model.layers.L} (L = num_hidden_layers + mtp index), block.norm =
+// shared_head.norm, block.lm_head = shared_head.head, block.embed_tokens = the main
+// model.embed_tokens (MODELS.md 1.9); plus the input fusion enorm, hnorm and eh_proj.
+struct DeepseekMtpWeights {
+  DeepseekV3Weights block;
+  TensorView enorm;        // [hidden], applied to embed(token)
+  TensorView hnorm;        // [hidden], applied to the incoming hidden state
+  ops::Weight eh_proj;     // [hidden, 2*hidden]: input = [enorm(e) | hnorm(h)] (embedding first)
+};
+
+// Loads MTP block `mtp_layer` (0 <= mtp_layer < num_nextn_predict_layers) from the target's
+// checkpoint. `shared_embed_tokens`, when given, is the target's placed embedding (same backend):
+// it is used instead of placing model.embed_tokens a second time.
+Result<DeepseekMtpWeights> load_deepseek_mtp_weights(const io::ModelConfig& cfg, const io::Checkpoint& ckpt,
+                                                     ops::Backend& backend, const dist::ParallelPlan& plan,
+                                                     int mtp_layer = 0,
+                                                     const TensorView* shared_embed_tokens = nullptr);
+
 }  // namespace mla::model
