@@ -125,6 +125,7 @@ Command add_chat_command(CLI::App& app) {
   auto a = std::make_shared<ChatArgs>();
   CLI::App* sub = app.add_subcommand("chat", "Interactive terminal chat with streamed replies (history kept)");
   add_engine_options(sub, a->engine);
+  add_speculative_options(sub, a->engine);
   sub->add_option("--system", a->system, "A system message that opens the conversation");
   sub->add_option("--max-tokens", a->max_tokens, "Longest reply in tokens")->capture_default_str();
   sub->add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();

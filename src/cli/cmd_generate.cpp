@@ -1,6 +1,7 @@
 // `mlaserve generate`: load a model, prefill a prompt of token ids, decode, print ids and speed, on
 // the CPU reference backend or (in a build with the GPU backend) on a GPU. The GPU defaults trade
 // exactness for speed where it is cheap to do so: BF16 latent cache and decode graphs.
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -39,6 +40,7 @@ struct GenerateArgs {
   std::optional<std::string> gemm_precision;  // cuda only: fp32 (default) or bf16
   std::string kv_cache_dtype = "auto";        // auto = bf16 on a GPU, f32 on the CPU
   std::string decode_graphs = "auto";         // auto = on for a GPU, off on the CPU
+  EngineArgs spec;                            // --speculative, --draft-model, --num-draft-tokens
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& s) {
@@ -179,6 +181,83 @@ int run_generate(const GenerateArgs& a) {
   return 0;
 }
 
+// Speculative generation runs through the serving engine (the one place speculation lives), with
+// the same flags, and adds the acceptance figures to the report.
+int run_generate_speculative(const GenerateArgs& a) {
+  EngineArgs e = a.spec;
+  e.model = a.model;
+  e.device = a.device;
+  e.gemm_precision = a.gemm_precision;
+  e.max_num_seqs = 1;
+  e.max_tokens_per_step = std::max(1, a.max_tokens_per_step);
+  e.kv_cache_dtype = a.kv_cache_dtype;
+  e.decode_graphs = a.decode_graphs;
+  e.mla_path = a.mla_path;
+  Result<std::unique_ptr<LoadedServing>> loaded = load_serving(e, /*show_progress=*/true);
+  if (!loaded) return fail(loaded.status().message());
+  LoadedServing& s = **loaded;
+  Result<std::vector<int32_t>> prompt = prompt_ids(a, s.tok.get());
+  if (!prompt) return fail(prompt.status().message());
+  runtime::RequestParams p;
+  p.prompt = *prompt;
+  p.max_tokens = a.max_tokens;
+  p.sampling = {a.temperature, a.top_k, a.top_p, a.min_p, a.seed};
+  p.ignore_eos = a.ignore_eos;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  runtime::SubmitResult sub = s.engine->submit(std::move(p));
+  if (!sub.ok()) return fail(sub.error.message);
+  std::vector<int32_t> tokens;
+  std::string finish = "length";
+  Clock::time_point first{}, last{};
+  while (std::optional<runtime::RequestOutput> out = sub.stream->next()) {
+    if (!out->token_ids.empty()) {
+      last = Clock::now();
+      if (tokens.empty()) first = last;
+      tokens.insert(tokens.end(), out->token_ids.begin(), out->token_ids.end());
+    }
+    if (out->finished) {
+      if (!out->error.empty()) return fail(out->error);
+      finish = out->finish_reason == runtime::FinishReason::Stop ? "stop" : "length";
+      break;
+    }
+  }
+  const runtime::EngineMetrics m = s.engine->metrics();
+  const double ttft = std::chrono::duration<double>(first - start).count();
+  const double decode_s = std::chrono::duration<double>(last - first).count();
+  const double decode_tps = tokens.size() > 1 && decode_s > 0 ? double(tokens.size() - 1) / decode_s : 0;
+  const spec::SpecStats& st = m.spec;
+  const double mean_len = st.num_drafts ? 1.0 + double(st.num_accepted_tokens) / double(st.num_drafts) : 0;
+  std::vector<double> per_pos;
+  for (int64_t c : st.accepted_per_pos) per_pos.push_back(st.num_drafts ? double(c) / double(st.num_drafts) : 0);
+  if (a.json) {
+    nlohmann::json j;
+    j["tokens"] = tokens;
+    j["finish_reason"] = finish;
+    j["prompt_tokens"] = prompt->size();
+    j["backend"] = std::string(s.backend->name());
+    j["timing"] = {{"decode_tokens_per_second", decode_tps}, {"time_to_first_token_seconds", ttft},
+                   {"decode_seconds", decode_s}};
+    j["speculative"] = {{"method", e.speculative}, {"num_draft_tokens", e.num_draft_tokens},
+                        {"rounds", st.num_drafts}, {"draft_tokens", st.num_draft_tokens},
+                        {"accepted_tokens", st.num_accepted_tokens}, {"mean_accepted_length", mean_len},
+                        {"acceptance_rate_per_position", per_pos}};
+    if (s.tok) j["text"] = detokenize(*s.tok, tokens);
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf("generated ids (%zu, finish: %s):", tokens.size(), finish.c_str());
+  for (int32_t t : tokens) std::printf(" %d", t);
+  if (s.tok) std::printf("\ngenerated text: %s", nlohmann::json(detokenize(*s.tok, tokens)).dump().c_str());
+  std::printf("\ndecode: %.1f tok/s (%zu tokens in %.1f ms, first token after %.1f ms); backend: %s\n", decode_tps,
+              tokens.size() > 0 ? tokens.size() - 1 : 0, decode_s * 1e3, ttft * 1e3, std::string(s.backend->name()).c_str());
+  std::printf("speculative (%s, K=%d): mean accepted length %.2f over %lld rounds; acceptance per position:",
+              e.speculative.c_str(), e.num_draft_tokens, mean_len, static_cast<long long>(st.num_drafts));
+  for (double r : per_pos) std::printf(" %.2f", r);
+  std::printf("\n");
+  return 0;
+}
+
 }  // namespace
 
 Command add_generate_command(CLI::App& app) {
@@ -215,9 +294,10 @@ Command add_generate_command(CLI::App& app) {
   sub->add_option("--decode-graphs", a->decode_graphs, "Replay captured graphs for decode steps: auto (on for cuda), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  add_speculative_options(sub, a->spec);
   return {sub, [a, ids, text] {
             if (ids->count() + text->count() == 0) return fail("one of --prompt-ids or --prompt is required");
-            return run_generate(*a);
+            return a->spec.speculative.empty() ? run_generate(*a) : run_generate_speculative(*a);
           }};
 }
 

@@ -122,6 +122,7 @@ Command add_serve_command(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)");
   add_engine_options(sub, a->engine);
+  add_speculative_options(sub, a->engine);
   sub->add_option("--host", a->host, "Address to bind (0.0.0.0 exposes the server to the network)")->capture_default_str();
   sub->add_option("--port", a->port, "Port (0: any free port, printed at start)")->capture_default_str();
   sub->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");

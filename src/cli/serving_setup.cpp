@@ -8,6 +8,9 @@
 #include "cli/progress_bar.h"
 #include "dist/communicator.h"
 #include "io/model_config.h"
+#include "model/deepseek_mtp.h"
+#include "model/eagle3.h"
+#include "spec/deepseek_draft.h"
 
 namespace mla::cli {
 
@@ -37,6 +40,52 @@ void add_engine_options(CLI::App* sub, EngineArgs& a) {
   sub->add_option("--mla-path", a.mla_path, "MLA formulation: auto, naive or absorbed")
       ->check(CLI::IsMember({"auto", "naive", "absorbed"}))
       ->capture_default_str();
+}
+
+void add_speculative_options(CLI::App* sub, EngineArgs& a) {
+  sub->add_option("--speculative", a.speculative, "Speculative decoding: draft (a smaller model), eagle3 or mtp")
+      ->check(CLI::IsMember({"draft", "eagle3", "mtp"}));
+  sub->add_option("--draft-model", a.draft_model, "Draft directory for --speculative draft|eagle3");
+  sub->add_option("--num-draft-tokens", a.num_draft_tokens, "Tokens drafted per step (K)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+}
+
+Status load_draft(const EngineArgs& a, const runtime::EngineConfig& ec, LoadedServing& s) {
+  if (a.speculative.empty()) {
+    if (!a.draft_model.empty()) return error("--draft-model needs --speculative draft|eagle3");
+    return Status::ok();
+  }
+  if (a.speculative != "mtp" && a.draft_model.empty()) return error("--speculative {} needs --draft-model DIR", a.speculative);
+  // The draft's catch-up reads every target row of a step plus one newest token per sequence.
+  model::ModelLimits limits;
+  limits.max_tokens = ec.max_tokens_per_step + ec.max_num_seqs;
+  limits.max_seqs = ec.max_num_seqs;
+  limits.max_block_entries = s.model->limits().max_block_entries;
+  if (a.speculative == "draft") {
+    MLA_ASSIGN_OR_RETURN(s.draft_lm, model::DeepseekV3::load(a.draft_model, *s.backend, limits, s.comm));
+    if (s.draft_lm->config().vocab_size != s.model->config().vocab_size)
+      return error("{}: draft vocabulary {} differs from the target's {}", a.draft_model, s.draft_lm->config().vocab_size,
+                   s.model->config().vocab_size);
+    s.draft_lm->set_decode_graphs(ec.decode_graphs);
+    s.draft = std::make_unique<spec::DeepseekDraft>(*s.draft_lm);
+    return Status::ok();
+  }
+  if (a.speculative == "mtp") {
+    if (!a.draft_model.empty() && a.draft_model != a.model)
+      return error("--speculative mtp reads the MTP block from the target checkpoint; drop --draft-model");
+    MLA_ASSIGN_OR_RETURN(std::unique_ptr<model::DeepseekMtp> mtp,
+                         model::DeepseekMtp::load(a.model, *s.backend, limits, s.comm, 0, s.model.get()));
+    mtp->block().set_decode_graphs(ec.decode_graphs);
+    s.draft = std::move(mtp);
+    return Status::ok();
+  }
+  // eagle3: the head reads three target layers' features and borrows the target's embedding.
+  MLA_ASSIGN_OR_RETURN(std::unique_ptr<model::Eagle3Draft> eagle,
+                       model::Eagle3Draft::load(a.draft_model, s.model->config(), *s.backend, limits,
+                                                s.model->weights().embed_tokens));
+  s.draft = std::move(eagle);
+  return Status::ok();
 }
 
 LoadedServing::~LoadedServing() {
@@ -79,7 +128,9 @@ Result<std::unique_ptr<LoadedServing>> load_serving(const EngineArgs& a, bool sh
   }
   const int64_t max_len = a.max_model_len > 0 ? a.max_model_len : cfg.max_position_embeddings;
   model::ModelLimits limits;
-  limits.max_tokens = a.max_tokens_per_step;
+  // With speculation every sampling sequence has K+1 logits rows.
+  limits.max_tokens = std::max(a.max_tokens_per_step,
+                               a.speculative.empty() ? 0 : a.max_num_seqs * (a.num_draft_tokens + 1));
   limits.max_seqs = a.max_num_seqs;
   limits.max_block_entries =
       int(std::min<int64_t>(int64_t(a.max_num_seqs) * ((max_len + a.block_size - 1) / a.block_size), int64_t(1) << 24));
@@ -101,7 +152,9 @@ Result<std::unique_ptr<LoadedServing>> load_serving(const EngineArgs& a, bool sh
   ec.kv_cache_dtype = kv_dtype;
   ec.decode_graphs = a.decode_graphs == "on" || (a.decode_graphs == "auto" && on_gpu);
   ec.eos_token_ids = s->tok ? s->tok->eos_ids() : s->model->config().eos_token_id;
-  MLA_ASSIGN_OR_RETURN(s->engine, runtime::Engine::create(*s->model, *s->backend, s->tok.get(), ec));
+  ec.num_draft_tokens = a.speculative.empty() ? 0 : a.num_draft_tokens;
+  MLA_RETURN_IF_ERROR(load_draft(a, ec, *s));
+  MLA_ASSIGN_OR_RETURN(s->engine, runtime::Engine::create(*s->model, *s->backend, s->tok.get(), ec, s->draft.get()));
   return s;
 }
 

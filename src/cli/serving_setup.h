@@ -14,6 +14,7 @@
 #include "model/deepseek_v3.h"
 #include "ops/backend.h"
 #include "runtime/engine.h"
+#include "spec/draft_model.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -34,6 +35,9 @@ struct EngineArgs {
   std::string kv_cache_dtype = "auto";        // auto = bf16 on cuda, f32 on cpu
   std::string decode_graphs = "auto";         // auto = on for cuda
   std::string mla_path = "auto";
+  std::string speculative;                    // "" (off), draft, eagle3 or mtp
+  std::string draft_model;                    // draft / eagle3: the draft's directory
+  int num_draft_tokens = 4;                   // K
 };
 
 void add_engine_options(CLI::App* sub, EngineArgs& a);
@@ -50,9 +54,18 @@ struct LoadedServing {
   std::unique_ptr<tokenizer::Tokenizer> tok;          // null when the directory has none
   std::optional<tokenizer::ChatTemplateConfig> chat;  // nullopt when tokenizer_config.json has no template
   std::unique_ptr<model::DeepseekV3> model;
+  std::unique_ptr<model::DeepseekV3> draft_lm;  // --speculative draft: the draft checkpoint
+  std::unique_ptr<spec::DraftModel> draft;      // null without --speculative
   std::unique_ptr<runtime::Engine> engine;
   ~LoadedServing();
 };
+
+// --speculative / --draft-model / --num-draft-tokens (serve, chat and generate).
+void add_speculative_options(CLI::App* sub, EngineArgs& a);
+
+// Loads the draft named by a.speculative for `target` (limits sized for an engine of `ec`'s shape)
+// into `s`. No-op when a.speculative is empty.
+Status load_draft(const EngineArgs& a, const runtime::EngineConfig& ec, LoadedServing& s);
 
 // Loads the model on the chosen backend and starts an engine. `progress` may print a bar.
 Result<std::unique_ptr<LoadedServing>> load_serving(const EngineArgs& a, bool show_progress);

@@ -73,7 +73,8 @@ void LatencyHistogram::observe(double seconds) {
 // ---- construction / lifecycle ----------------------------------------------------------------
 
 Result<std::unique_ptr<Engine>> Engine::create(model::DeepseekV3& model, ops::Backend& backend,
-                                               const tokenizer::Tokenizer* tok, const EngineConfig& config) {
+                                               const tokenizer::Tokenizer* tok, const EngineConfig& config,
+                                               spec::DraftModel* draft) {
   const model::ModelLimits& lim = model.limits();
   if (config.max_num_seqs < 1 || config.max_num_seqs > lim.max_seqs)
     return error("max_num_seqs {} outside [1, {}] (the model's max_seqs)", config.max_num_seqs, lim.max_seqs);
@@ -95,7 +96,9 @@ Result<std::unique_ptr<Engine>> Engine::create(model::DeepseekV3& model, ops::Ba
     return error("KV cache dtype {} is not supported (f32 or bf16)", dtype_name(config.kv_cache_dtype));
   for (int32_t t : config.eos_token_ids)
     if (t < 0 || t >= model.config().vocab_size) return error("eos token id {} outside the vocabulary", t);
-  std::unique_ptr<Engine> e(new Engine(model, backend, tok, config, max_len));
+  if (draft != nullptr && (config.num_draft_tokens < 1 || config.num_draft_tokens > 16))
+    return error("num_draft_tokens {} outside [1, 16]", config.num_draft_tokens);
+  std::unique_ptr<Engine> e(new Engine(model, backend, tok, config, max_len, draft));
   e->thread_ = std::thread([p = e.get()] { p->run(); });
   return e;
 }
@@ -113,7 +116,7 @@ KvCacheConfig kv_config(model::DeepseekV3& model, const EngineConfig& config) {
 }  // namespace
 
 Engine::Engine(model::DeepseekV3& model, ops::Backend& backend, const tokenizer::Tokenizer* tok,
-               const EngineConfig& config, int max_model_len)
+               const EngineConfig& config, int max_model_len, spec::DraftModel* draft)
     : model_(model),
       backend_(backend),
       tok_(tok),
@@ -128,6 +131,17 @@ Engine::Engine(model::DeepseekV3& model, ops::Backend& backend, const tokenizer:
       itl_(itl_buckets()),
       e2e_(e2e_buckets()) {
   for (int L = 0; L < model.num_cache_layers(); ++L) cache_layers_.push_back(cache_.layer(L));
+  if (draft != nullptr) {
+    spec::SpeculatorConfig sc;
+    sc.num_draft_tokens = config.num_draft_tokens;
+    sc.max_seqs = config.max_num_seqs;
+    sc.max_target_tokens = config.max_tokens_per_step;
+    sc.vocab = model.config().vocab_size;
+    sc.num_blocks = config.num_blocks;
+    sc.block_size = config.block_size;
+    sc.cache_dtype = config.kv_cache_dtype;
+    speculator_ = std::make_unique<spec::Speculator>(backend, *draft, sc);
+  }
   metrics_.num_blocks = config.num_blocks;
   metrics_.ttft = ttft_;
   metrics_.itl = itl_;
@@ -234,11 +248,13 @@ void Engine::run() {
     idle_last = false;
     if (!running_.empty() || !waiting_.empty()) {
       const int64_t before = stat_steps_;
+      const Clock::time_point t0 = Clock::now();
       try {
         step();
       } catch (const std::exception& e) {
         fail_all(fmt::format("engine step failed: {}", e.what()));
       }
+      stat_step_seconds_ += seconds_between(t0, Clock::now());
       idle_last = stat_steps_ == before;
     }
     std::erase_if(requests_, [](const auto& kv) { return kv.second->status == RequestStatus::Finished; });
@@ -268,6 +284,7 @@ void Engine::step() {
     s.num_tokens = r->num_tokens();
     s.num_computed = r->num_computed;
     s.num_blocks = int(r->blocks.size());
+    s.num_lookahead = int(r->draft_tokens.size());
     if (pressure) {
       for (int32_t b : r->blocks) {
         const int rc = cache_.pool().ref_count(b);
@@ -300,7 +317,12 @@ void Engine::step() {
   sc.max_block_entries = model_.limits().max_block_entries;
   const StepPlan plan = schedule(st, sc);
   apply_plan(plan);
-  if (!plan.chunks.empty()) forward_and_sample(plan);
+  if (plan.chunks.empty()) return;
+  if (speculator_) {
+    forward_and_verify(plan);
+  } else {
+    forward_and_sample(plan);
+  }
 }
 
 void Engine::release_blocks(Request& r) {
@@ -313,6 +335,8 @@ void Engine::release_blocks(Request& r) {
 
 void Engine::preempt(Request& r) {
   release_blocks(r);
+  r.draft_tokens.clear();
+  r.draft_q_row = -1;
   r.transition(RequestStatus::Preempted);
   ++r.num_preemptions;
   ++stat_preemptions_;
@@ -393,13 +417,18 @@ void Engine::forward_and_sample(const StepPlan& plan) {
   const TensorView logits = logits_buf_.view(DType::F32, {int64_t(logits_rows_.size()), vocab_});
   model_.set_mla_path(config_.mla_path);
   model::ForwardInputs in{ids_, positions_, slices_, logits_rows_, cache_layers_, config_.block_size};
+  const Clock::time_point t0 = Clock::now();
   model_.forward(in, logits);
   ++stat_steps_;
   for (size_t i = 0; i < scheduled.size(); ++i) {
     scheduled[i]->num_computed += plan.chunks[i].num_new_tokens;
     register_full_blocks(*scheduled[i]);
   }
-  if (samplers.empty()) return;
+  if (samplers.empty()) {
+    backend_.synchronize();  // the forward's time belongs to this step
+    stat_forward_seconds_ += seconds_between(t0, Clock::now());
+    return;
+  }
 
   const int64_t B = int64_t(samplers.size());
   bool any_logprobs = false;
@@ -425,6 +454,7 @@ void Engine::forward_and_sample(const StepPlan& plan) {
   }
   sampled_.assign(size_t(B), 0);
   sampler_.sample(logits, params, rngs, sampled_);
+  stat_forward_seconds_ += seconds_between(t0, Clock::now());  // ids are on the host: the device is done
   for (int64_t b = 0; b < B; ++b) {
     Request& r = *samplers[size_t(b)];
     emit_token(r, sampled_[size_t(b)], any_logprobs ? host_logits_.data() + b * vocab_ : nullptr,
@@ -546,11 +576,17 @@ void Engine::publish_metrics() {
   m.generation_tokens = stat_generation_tokens_;
   m.preemptions = stat_preemptions_;
   m.steps = stat_steps_;
+  m.forward_seconds = stat_forward_seconds_;
+  m.step_seconds = stat_step_seconds_;
   std::copy(std::begin(stat_finished_), std::end(stat_finished_), std::begin(m.requests_finished));
   m.ttft = ttft_;
   m.itl = itl_;
   m.e2e = e2e_;
   m.healthy = !dead_.load();
+  if (speculator_) {
+    m.speculative = true;
+    m.spec = speculator_->stats();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   metrics_ = std::move(m);
 }

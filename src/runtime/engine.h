@@ -20,6 +20,7 @@
 #include "runtime/request.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
+#include "spec/speculator.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mla::runtime {
@@ -36,6 +37,7 @@ struct EngineConfig {
   DType kv_cache_dtype = DType::F32;  // F32 or BF16 latents (GPU: BF16 halves decode bytes)
   bool decode_graphs = false;         // replay captured graphs for decode-only steps (GPU: on)
   std::vector<int32_t> eos_token_ids;  // end generation unless ignore_eos (usually the tokenizer's)
+  int num_draft_tokens = 0;           // speculative decoding: drafts per step (K >= 1 with a draft)
 };
 
 // Fixed-bucket latency histogram (seconds). counts[i] counts samples <= bounds[i] and > bounds[i-1];
@@ -63,11 +65,19 @@ struct EngineMetrics {
   int64_t generation_tokens = 0;  // tokens out
   int64_t preemptions = 0;
   int64_t steps = 0;
+  // Where the engine thread's time goes (seconds, summed over steps): `forward_seconds` from staging a
+  // step to its sampled ids on the host (model + sampling/verification: the device's share);
+  // `step_seconds` whole steps (plus scheduling, block bookkeeping, detokenizing, stream pushes).
+  // Server overhead per token is measured against forward_seconds / steps.
+  double forward_seconds = 0;
+  double step_seconds = 0;
   int64_t requests_finished[5] = {};  // by FinishReason (index = enum value)
   LatencyHistogram ttft;              // submit -> first token
   LatencyHistogram itl;               // between consecutive tokens of a request
   LatencyHistogram e2e;               // submit -> finish
   bool healthy = true;                // false once the engine thread failed
+  spec::SpecStats spec;               // speculative decoding acceptance (zeros without a draft)
+  bool speculative = false;
 };
 
 // submit()'s answer: a stream, or an error the server maps to a status (see ErrorCode).
@@ -81,8 +91,11 @@ class Engine {
  public:
   // Validates `config` against the model's limits and starts the engine thread. `tok` (may be
   // null: token ids only, no text, no stop strings) and `model` must outlive the engine.
+  // With `draft` (must outlive the engine), decoding is speculative: config.num_draft_tokens drafts
+  // per sequence and step, verified losslessly.
   static Result<std::unique_ptr<Engine>> create(model::DeepseekV3& model, ops::Backend& backend,
-                                                const tokenizer::Tokenizer* tok, const EngineConfig& config);
+                                                const tokenizer::Tokenizer* tok, const EngineConfig& config,
+                                                spec::DraftModel* draft = nullptr);
   ~Engine();  // shutdown(/*drain=*/false)
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -104,12 +117,17 @@ class Engine {
 
  private:
   Engine(model::DeepseekV3& model, ops::Backend& backend, const tokenizer::Tokenizer* tok, const EngineConfig& config,
-         int max_model_len);
+         int max_model_len, spec::DraftModel* draft);
   void run();                 // the engine thread
   void take_inbox(std::vector<std::unique_ptr<Request>>& fresh, std::vector<uint64_t>& aborts);
   void step();
   void apply_plan(const StepPlan& plan);
   void forward_and_sample(const StepPlan& plan);
+  // The speculative step (engine_spec.cpp): forward over chunks whose decodes carry drafts, verify,
+  // emit, roll the blocks back to what the accepted tokens need, then draft for the next step.
+  void forward_and_verify(const StepPlan& plan);
+  void propose_drafts(const StepPlan& plan, std::span<const int> first_pos, std::span<const int> row0);
+  void trim_blocks(Request& r, int tokens);
   void register_full_blocks(Request& r);
   void emit_token(Request& r, int32_t token, const float* logits_row, bool want_logprobs);
   void finish(Request& r, FinishReason reason, RequestOutput out);
@@ -131,6 +149,7 @@ class Engine {
   PrefixCache prefix_;
   std::vector<TensorView> cache_layers_;
   Sampler sampler_;
+  std::unique_ptr<spec::Speculator> speculator_;  // null without a draft
   Buffer logits_buf_;
   std::unordered_map<uint64_t, std::unique_ptr<Request>> requests_;
   std::vector<Request*> running_;  // oldest first
@@ -139,6 +158,7 @@ class Engine {
   std::vector<int32_t> ids_, positions_, logits_rows_, sampled_;
   std::vector<model::SequenceSlice> slices_;
   std::vector<float> host_logits_;
+  double stat_forward_seconds_ = 0, stat_step_seconds_ = 0;
   int64_t stat_prompt_tokens_ = 0, stat_generation_tokens_ = 0, stat_preemptions_ = 0, stat_steps_ = 0;
   int64_t stat_finished_[5] = {};
   LatencyHistogram ttft_, itl_, e2e_;

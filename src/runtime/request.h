@@ -161,6 +161,10 @@ struct Request {
   int num_registered_blocks = 0;     // leading blocks already offered to the prefix cache
   int cached_tokens = 0;             // prefix-cache hit at first admission (usage)
   int num_preemptions = 0;
+  // Speculative decoding: drafts proposed for the next step (verified after tokens.back()) and
+  // their row in the speculator's last proposal. Cleared whenever the proposal goes stale.
+  std::vector<int32_t> draft_tokens;
+  int draft_q_row = -1;
 
   RequestRng rng;
   std::unique_ptr<tokenizer::IncrementalDetokenizer> detok;  // null without a tokenizer

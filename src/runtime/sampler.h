@@ -40,6 +40,26 @@ class RequestRng {
 
 RequestRng make_request_rng(const SamplingParams& p);
 
+// The sampler's filter pipeline (MODELS.md section 6): softmax(logits / temperature), then
+// top_k_renorm_prob, top_p_renorm_prob, min_p_renorm_prob, each with the row's own parameters. The
+// speculative verifier filters draft and target rows with the same object, so q and p are exactly
+// the distributions the sampler would have drawn from. Greedy rows are filtered at temperature 1
+// (their probabilities are unused).
+class ProbsFilter {
+ public:
+  ProbsFilter(ops::Backend& backend, int max_rows);
+  // probs[r] = filtered(logits[r]) with *params[r]. logits, probs F32 [R, V] (rows may be strided).
+  void run(const TensorView& logits, std::span<const SamplingParams* const> params, const TensorView& probs);
+
+ private:
+  ops::Backend& backend_;
+  int max_rows_;
+  std::vector<Buffer> owned_;
+  TensorView temperature_, top_k_, top_p_, min_p_;
+  std::vector<float> h_temperature_, h_top_p_, h_min_p_;
+  std::vector<int32_t> h_top_k_;
+};
+
 class Sampler {
  public:
   // Workspaces for up to `max_rows` rows of `vocab` logits, allocated once.
@@ -53,10 +73,12 @@ class Sampler {
  private:
   ops::Backend& backend_;
   int max_rows_, vocab_;
+  ProbsFilter filter_;
   std::vector<Buffer> owned_;
-  TensorView probs_, temperature_, top_k_, top_p_, min_p_, uniforms_, ids_;
-  std::vector<float> h_temperature_, h_top_p_, h_min_p_, h_uniforms_;
-  std::vector<int32_t> h_top_k_, h_ids_, h_argmax_;
+  TensorView probs_, uniforms_, ids_;
+  std::vector<float> h_uniforms_;
+  std::vector<int32_t> h_ids_, h_argmax_;
+  std::vector<const SamplingParams*> row_params_;
 };
 
 }  // namespace mla::runtime

@@ -35,8 +35,11 @@ StepPlan schedule(const SchedulerState& state, const SchedulerConfig& config) {
     const SchedSeq& s = state.running[i];
     const int remaining = s.num_tokens - s.num_computed;
     int n = std::min(remaining, budget);
+    // A decode verifies its drafts only whole: with too little budget it decodes one token.
+    const int drafts = (remaining == 1 && s.num_lookahead > 0 && 1 + s.num_lookahead <= budget) ? s.num_lookahead : 0;
+    n += drafts;
     // A prefill chunk shrinks to the blocks at hand before anyone is preempted for it.
-    if (n > 1) {
+    if (n > 1 && drafts == 0) {
       const int fit = (s.num_blocks + avail) * bs - s.num_computed;
       if (fit > 0) n = std::min(n, fit);
     }
@@ -60,7 +63,7 @@ StepPlan schedule(const SchedulerState& state, const SchedulerConfig& config) {
     budget -= n;
     entries += table;
     scheduled[i] = 1;
-    plan.chunks.push_back({s.id, n, 0, false, s.num_computed + n == s.num_tokens});
+    plan.chunks.push_back({s.id, n, 0, false, s.num_computed + n - drafts == s.num_tokens, drafts});
     plan.new_blocks += need;
     plan.num_tokens += n;
   }

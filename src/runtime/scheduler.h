@@ -20,6 +20,7 @@ struct SchedSeq {
   int num_freeable_blocks = 0;   // running: blocks that become available if it is preempted
   int prefix_hit_tokens = 0;     // waiting: cached prefix it would reuse (block multiple, < num_tokens)
   int prefix_hit_evictable = 0;  // waiting: of those blocks, how many are evictable now
+  int num_lookahead = 0;         // running decode: draft tokens to verify with its next token
 };
 
 struct SchedulerState {
@@ -41,6 +42,7 @@ struct ScheduledChunk {
   int prefix_hit_tokens = 0;  // admitted: tokens taken from the prefix cache first
   bool admitted = false;      // moved from waiting to running this step
   bool samples = false;       // the chunk reaches num_tokens: its last row produces a token
+  int num_draft_tokens = 0;   // speculative decode: drafts verified after the token (in num_new_tokens)
 };
 
 struct StepPlan {

@@ -64,6 +64,9 @@ std::string prometheus_text(const runtime::EngineMetrics& m, const ServerCounter
   w.counter("generation_tokens_total", "Generated tokens.", double(m.generation_tokens));
   w.counter("num_preemptions_total", "Sequences preempted (recomputed later) for lack of KV blocks.", double(m.preemptions));
   w.counter("engine_steps_total", "Engine steps (one forward each).", double(m.steps));
+  w.counter("engine_forward_seconds_total", "Engine time from staging a step to its sampled ids on the host.",
+            m.forward_seconds);
+  w.counter("engine_step_seconds_total", "Engine time in whole steps (forward plus host bookkeeping).", m.step_seconds);
   w.head("request_success_total", "counter", "Finished requests by finish reason.");
   static const char* const kReasons[5] = {"none", "stop", "length", "abort", "error"};
   for (int i = 1; i < 5; ++i)
@@ -72,6 +75,16 @@ std::string prometheus_text(const runtime::EngineMetrics& m, const ServerCounter
   w.histogram("time_to_first_token_seconds", "Time from submission to the first generated token.", m.ttft);
   w.histogram("inter_token_latency_seconds", "Time between consecutive generated tokens of a request.", m.itl);
   w.histogram("e2e_request_latency_seconds", "Time from submission to the end of a request.", m.e2e);
+  if (m.speculative) {  // vLLM's spec_decode_* counters; mean accepted length = 1 + accepted / drafts
+    w.counter("spec_decode_num_drafts_total", "Verification rounds with at least one draft token.",
+              double(m.spec.num_drafts));
+    w.counter("spec_decode_num_draft_tokens_total", "Draft tokens verified.", double(m.spec.num_draft_tokens));
+    w.counter("spec_decode_num_accepted_tokens_total", "Draft tokens accepted.", double(m.spec.num_accepted_tokens));
+    w.head("spec_decode_num_accepted_tokens_per_pos_total", "counter", "Rounds whose draft at position i was accepted.");
+    for (size_t i = 0; i < m.spec.accepted_per_pos.size(); ++i)
+      w.out += fmt::format("mlaserve:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n", w.labels,
+                           i, m.spec.accepted_per_pos[i]);
+  }
   w.gauge("engine_healthy", "1 while the engine thread runs, 0 after it failed.", m.healthy ? 1 : 0);
   w.counter("http_client_disconnects_total", "Requests aborted because their client disconnected.",
             double(c.client_disconnects));

@@ -138,6 +138,29 @@ TEST_F(Cli, DeviceOptions) {
 }
 
 // The planner through the binary: it finds the shipped GPU catalog and answers the K3 fit question.
+TEST_F(Cli, SpeculativeGenerateMatchesPlainGreedyAndReportsAcceptance) {
+  const std::string models = std::string(MLA_FIXTURE_DIR) + "/../../models";
+  const std::string common = fmt::format("generate --model {}/default --prompt \"The Lord is my shepherd\" --max-tokens 20 "
+                                         "--ignore-eos --mla-path naive --json",
+                                         models);
+  const RunResult plain = run(common);
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  const RunResult spec =
+      run(common + fmt::format(" --speculative draft --draft-model {}/draft --num-draft-tokens 3", models));
+  ASSERT_EQ(spec.exit_code, 0) << spec.out;
+  const auto jp = nlohmann::json::parse(plain.out.substr(plain.out.find('{')));
+  const auto js = nlohmann::json::parse(spec.out.substr(spec.out.find('{')));
+  EXPECT_EQ(js["tokens"], jp["tokens"]);
+  EXPECT_EQ(js["text"], jp["text"]);
+  EXPECT_EQ(js["speculative"]["num_draft_tokens"], 3);
+  EXPECT_GT(js["speculative"]["rounds"].get<int>(), 0);
+  EXPECT_GE(js["speculative"]["mean_accepted_length"].get<double>(), 1.0);
+  EXPECT_EQ(js["speculative"]["acceptance_rate_per_position"].size(), 3u);
+  const RunResult bad = run(common + " --speculative draft");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--draft-model"), std::string::npos) << bad.out;
+}
+
 TEST_F(Cli, PlanAnswersWhetherKimiK3Fits) {
   RunResult r = run("plan --preset kimi-k3 --gpu b200 --gpus 8 --json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
