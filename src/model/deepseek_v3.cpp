@@ -4,6 +4,7 @@
 
 #include "io/checkpoint.h"
 #include "model/rope_yarn.h"
+#include "model/step_inputs.h"
 
 namespace mla::model {
 
@@ -15,15 +16,8 @@ constexpr float kLatentNormEps = 1e-6f;
 
 // Activation buffers for `limits.max_tokens` rows, allocated once at load (ARCHITECTURE rule 4);
 // a step uses the first T rows of each.
-struct DeepseekV3::Workspace {
+struct DeepseekV3::Workspace : StepInputs {  // step inputs (ids, positions, batch, logits rows), then:
   std::vector<Buffer> owned;
-  // Step inputs in backend memory.
-  TensorView ids, positions, q_indptr, kv_lens, block_indptr, block_ids, slots, logits_rows;
-  // Host staging for the same (and the host mirrors the attention ops plan with).
-  std::vector<int32_t> h_q_indptr, h_kv_lens, h_block_indptr, h_block_ids, h_slots;
-  // The current step's batch: views of the buffers above, refreshed by stage_inputs. Captured graphs
-  // refer to this object, so a backend whose replay re-runs the ops (CPU) sees the current mirrors.
-  ops::AttentionBatch batch;
   // Activations, F32.
   TensorView hidden;      // {T, hidden}: the residual stream
   TensorView normed;      // {T, hidden}: input of the current sub-block
@@ -93,21 +87,14 @@ Result<std::unique_ptr<DeepseekV3>> DeepseekV3::from_weights(io::ModelConfig cfg
                                 float(c.routed_scaling_factor)};
 
   auto ws = std::make_unique<Workspace>();
-  const int64_t T = limits.max_tokens, S = limits.max_seqs, hid = c.hidden_size, H = m->dims_.num_heads;
+  const int64_t T = limits.max_tokens, hid = c.hidden_size, H = m->dims_.num_heads;
   const int64_t r = c.kv_lora_rank, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
   const std::vector<float> inv_freq = rope_inv_freq(c);
   TensorView inv = ws->make(backend, DType::F32, {int64_t(inv_freq.size())});
   backend.copy_from_host(inv, inv_freq.data());
   m->rope_ = ops::RopeTable{inv, rope_attention_factor(c)};
 
-  ws->ids = ws->make(backend, DType::I32, {T});
-  ws->positions = ws->make(backend, DType::I32, {T});
-  ws->q_indptr = ws->make(backend, DType::I32, {S + 1});
-  ws->kv_lens = ws->make(backend, DType::I32, {S});
-  ws->block_indptr = ws->make(backend, DType::I32, {S + 1});
-  ws->block_ids = ws->make(backend, DType::I32, {limits.max_block_entries});
-  ws->slots = ws->make(backend, DType::I32, {T});
-  ws->logits_rows = ws->make(backend, DType::I32, {T});
+  ws->allocate(backend, limits, ws->owned);
   for (TensorView* v : {&ws->hidden, &ws->normed, &ws->attn_proj, &ws->ffn_out, &ws->shared_out, &ws->final_rows})
     *v = ws->make(backend, DType::F32, {T, hid});
   ws->q_latent = ws->make(backend, DType::F32, {T, c.q_lora_rank.value_or(1)});
@@ -155,72 +142,14 @@ void DeepseekV3::set_decode_graphs(bool on) {
 void DeepseekV3::clear_decode_graphs() { graphs_.clear(); }
 
 void DeepseekV3::stage_inputs(const ForwardInputs& in) {
-  Workspace& ws = *ws_;
-  const int T = int(in.token_ids.size()), S = int(in.seqs.size());
-  MLA_CHECK(T > 0 && T <= limits_.max_tokens, "step of {} tokens (limit {})", T, limits_.max_tokens);
-  MLA_CHECK(S > 0 && S <= limits_.max_seqs, "step of {} sequences (limit {})", S, limits_.max_seqs);
-  MLA_CHECK(int(in.positions.size()) == T, "positions {} != tokens {}", in.positions.size(), T);
   MLA_CHECK(int(in.kv_cache.size()) == num_cache_layers(), "{} cache layers given", in.kv_cache.size());
-  // Rows may repeat (speculative verification pads each sequence to K+1 rows), so there can be more
-  // logits rows than tokens; the workspace holds max_tokens of them.
-  MLA_CHECK(!in.logits_rows.empty() && int(in.logits_rows.size()) <= limits_.max_tokens, "{} logits rows (limit {})",
-            in.logits_rows.size(), limits_.max_tokens);
-  for (int32_t r : in.logits_rows) MLA_CHECK(r >= 0 && r < T, "logits row {} outside the step's {} tokens", r, T);
   const int bs = in.block_size;
-  MLA_CHECK(bs > 0, "block_size {}", bs);
   for (const TensorView& c : in.kv_cache)
     MLA_CHECK((c.dtype == DType::F32 || c.dtype == DType::BF16) && c.dtype == in.kv_cache[0].dtype && c.ndim == 3 &&
                   c.dim(1) == bs && c.dim(2) == kv_dim() && c.dim(0) == in.kv_cache[0].dim(0),
               "cache layer {} must be F32 or BF16 [blocks, {}, {}] like layer 0 ({})", c.describe(), bs, kv_dim(),
               in.kv_cache[0].describe());
-  ws.h_q_indptr.assign(1, 0);
-  ws.h_block_indptr.assign(1, 0);
-  ws.h_kv_lens.clear();
-  ws.h_block_ids.clear();
-  ws.h_slots.clear();
-  int row = 0;
-  for (const SequenceSlice& s : in.seqs) {
-    MLA_CHECK(s.q_len > 0 && s.q_len <= s.kv_len, "q_len {} kv_len {}", s.q_len, s.kv_len);
-    MLA_CHECK(int64_t(s.block_table.size()) * bs >= s.kv_len, "block table of {} blocks for {} tokens",
-              s.block_table.size(), s.kv_len);
-    for (int i = 0; i < s.q_len; ++i, ++row) {
-      const int pos = s.kv_len - s.q_len + i;
-      MLA_CHECK(row < T && in.positions[size_t(row)] == pos, "row {} position {} != {}", row,
-                row < T ? in.positions[size_t(row)] : -1, pos);
-      ws.h_slots.push_back(s.block_table[size_t(pos / bs)] * bs + pos % bs);
-    }
-    ws.h_q_indptr.push_back(row);
-    ws.h_kv_lens.push_back(s.kv_len);
-    ws.h_block_ids.insert(ws.h_block_ids.end(), s.block_table.begin(), s.block_table.end());
-    ws.h_block_indptr.push_back(int(ws.h_block_ids.size()));
-  }
-  MLA_CHECK(row == T, "sequences cover {} rows of {}", row, T);
-  MLA_CHECK(int(ws.h_block_ids.size()) <= limits_.max_block_entries, "{} block entries (limit {})",
-            ws.h_block_ids.size(), limits_.max_block_entries);
-  auto upload = [&](const TensorView& dst, const int32_t* src, int64_t n) {
-    TensorView v = dst.slice(0, 0, n);
-    backend_.copy_from_host(v, src);
-    return v;
-  };
-  ops::AttentionBatch& batch = ws.batch;
-  upload(ws.ids, in.token_ids.data(), T);
-  upload(ws.positions, in.positions.data(), T);
-  batch.num_seqs = S;
-  batch.block_size = bs;
-  batch.q_indptr = upload(ws.q_indptr, ws.h_q_indptr.data(), S + 1);
-  batch.kv_lens = upload(ws.kv_lens, ws.h_kv_lens.data(), S);
-  batch.block_indptr = upload(ws.block_indptr, ws.h_block_indptr.data(), S + 1);
-  upload(ws.block_ids, ws.h_block_ids.data(), int64_t(ws.h_block_ids.size()));
-  // The whole block-id buffer, not the step's prefix: its shape then depends only on the limits, so
-  // a graph captured at one context length stays valid as the block tables grow (block_indptr says
-  // which entries are live).
-  batch.block_ids = ws.block_ids;
-  batch.slot_mapping = upload(ws.slots, ws.h_slots.data(), T);
-  upload(ws.logits_rows, in.logits_rows.data(), int64_t(in.logits_rows.size()));
-  batch.host_q_indptr = ws.h_q_indptr;
-  batch.host_kv_lens = ws.h_kv_lens;
-  batch.host_block_indptr = ws.h_block_indptr;
-  batch.host_block_ids = ws.h_block_ids;
+  ws_->stage(backend_, in, limits_, "");
 }
 
 void DeepseekV3::forward(const ForwardInputs& in, const TensorView& logits) {

@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "model/step_inputs.h"
+
 namespace mla::model {
 
 namespace {
@@ -61,11 +63,8 @@ struct Eagle3Draft::Weights {
 };
 
 // Activation buffers for limits.max_tokens rows, allocated once at load; a step uses the first rows.
-struct Eagle3Draft::Workspace {
+struct Eagle3Draft::Workspace : StepInputs {  // step inputs as DeepseekV3's, then:
   std::vector<Buffer> owned;
-  TensorView ids, positions, q_indptr, kv_lens, block_indptr, block_ids, slots, logits_rows;  // I32
-  std::vector<int32_t> h_q_indptr, h_kv_lens, h_block_indptr, h_block_ids, h_slots;  // host mirrors
-  ops::AttentionBatch batch;
   TensorView embeds;        // {T, H}
   TensorView fc_out;        // {T, H}: fc(target features)
   TensorView attn_in;       // {T, 2H}: [input_layernorm(e) | hidden_norm(h)]
@@ -218,20 +217,13 @@ Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::load(const std::string& dir, c
 
   m->dims_ = ops::GqaDims{int(Hq), int(KVH), int(D), float(1.0 / std::sqrt(double(D)))};
   auto ws = std::make_unique<Workspace>();
-  const int64_t T = limits.max_tokens, S = limits.max_seqs;
+  const int64_t T = limits.max_tokens;
   const std::vector<float> inv_freq = eagle3_rope_inv_freq(c);
   TensorView inv = ws->make(backend, DType::F32, {int64_t(inv_freq.size())});
   backend.copy_from_host(inv, inv_freq.data());
   m->rope_ = ops::RopeTable{inv, eagle3_rope_attention_factor(c), /*interleaved=*/false};
 
-  ws->ids = ws->make(backend, DType::I32, {T});
-  ws->positions = ws->make(backend, DType::I32, {T});
-  ws->q_indptr = ws->make(backend, DType::I32, {S + 1});
-  ws->kv_lens = ws->make(backend, DType::I32, {S});
-  ws->block_indptr = ws->make(backend, DType::I32, {S + 1});
-  ws->block_ids = ws->make(backend, DType::I32, {limits.max_block_entries});
-  ws->slots = ws->make(backend, DType::I32, {T});
-  ws->logits_rows = ws->make(backend, DType::I32, {T});
+  ws->allocate(backend, limits, ws->owned);
   for (TensorView* v : {&ws->embeds, &ws->fc_out, &ws->proj, &ws->resid, &ws->normed, &ws->out, &ws->rows})
     *v = ws->make(backend, DType::F32, {T, H});
   ws->attn_in = ws->make(backend, DType::F32, {T, 2 * H});
@@ -247,65 +239,13 @@ Result<std::unique_ptr<Eagle3Draft>> Eagle3Draft::load(const std::string& dir, c
 }
 
 void Eagle3Draft::stage_inputs(const ForwardInputs& in) {
-  Workspace& ws = *ws_;
-  const int T = int(in.token_ids.size()), S = int(in.seqs.size());
-  MLA_CHECK(T > 0 && T <= limits_.max_tokens, "eagle3: step of {} tokens (limit {})", T, limits_.max_tokens);
-  MLA_CHECK(S > 0 && S <= limits_.max_seqs, "eagle3: step of {} sequences (limit {})", S, limits_.max_seqs);
-  MLA_CHECK(int(in.positions.size()) == T, "eagle3: positions {} != tokens {}", in.positions.size(), T);
   MLA_CHECK(in.kv_cache.size() == 1, "eagle3: {} cache layers given (want 1)", in.kv_cache.size());
-  MLA_CHECK(!in.logits_rows.empty() && int(in.logits_rows.size()) <= T, "eagle3: {} logits rows",
-            in.logits_rows.size());
   const int bs = in.block_size;
   const TensorView& c = in.kv_cache[0];
   MLA_CHECK(bs > 0 && (c.dtype == DType::F32 || c.dtype == DType::BF16) && c.ndim == 3 && c.dim(1) == bs &&
                 c.dim(2) == cache_row_width(),
             "eagle3: cache {} must be F32 or BF16 [blocks, {}, {}]", c.describe(), bs, cache_row_width());
-  ws.h_q_indptr.assign(1, 0);
-  ws.h_block_indptr.assign(1, 0);
-  ws.h_kv_lens.clear();
-  ws.h_block_ids.clear();
-  ws.h_slots.clear();
-  int row = 0;
-  for (const SequenceSlice& s : in.seqs) {
-    MLA_CHECK(s.q_len > 0 && s.q_len <= s.kv_len, "eagle3: q_len {} kv_len {}", s.q_len, s.kv_len);
-    MLA_CHECK(int64_t(s.block_table.size()) * bs >= s.kv_len, "eagle3: block table of {} blocks for {} tokens",
-              s.block_table.size(), s.kv_len);
-    for (int i = 0; i < s.q_len; ++i, ++row) {
-      const int pos = s.kv_len - s.q_len + i;
-      MLA_CHECK(row < T && in.positions[size_t(row)] == pos, "eagle3: row {} position {} != {}", row,
-                row < T ? in.positions[size_t(row)] : -1, pos);
-      ws.h_slots.push_back(s.block_table[size_t(pos / bs)] * bs + pos % bs);
-    }
-    ws.h_q_indptr.push_back(row);
-    ws.h_kv_lens.push_back(s.kv_len);
-    ws.h_block_ids.insert(ws.h_block_ids.end(), s.block_table.begin(), s.block_table.end());
-    ws.h_block_indptr.push_back(int(ws.h_block_ids.size()));
-  }
-  MLA_CHECK(row == T, "eagle3: sequences cover {} rows of {}", row, T);
-  MLA_CHECK(int(ws.h_block_ids.size()) <= limits_.max_block_entries, "eagle3: {} block entries (limit {})",
-            ws.h_block_ids.size(), limits_.max_block_entries);
-  for (int32_t r : in.logits_rows) MLA_CHECK(r >= 0 && r < T, "eagle3: logits row {} outside [0, {})", r, T);
-  auto upload = [&](const TensorView& dst, const int32_t* src, int64_t n) {
-    TensorView v = dst.slice(0, 0, n);
-    backend_.copy_from_host(v, src);
-    return v;
-  };
-  ops::AttentionBatch& batch = ws.batch;
-  upload(ws.ids, in.token_ids.data(), T);
-  upload(ws.positions, in.positions.data(), T);
-  batch.num_seqs = S;
-  batch.block_size = bs;
-  batch.q_indptr = upload(ws.q_indptr, ws.h_q_indptr.data(), S + 1);
-  batch.kv_lens = upload(ws.kv_lens, ws.h_kv_lens.data(), S);
-  batch.block_indptr = upload(ws.block_indptr, ws.h_block_indptr.data(), S + 1);
-  upload(ws.block_ids, ws.h_block_ids.data(), int64_t(ws.h_block_ids.size()));
-  batch.block_ids = ws.block_ids;  // the whole buffer, as DeepseekV3 (block_indptr marks the live part)
-  batch.slot_mapping = upload(ws.slots, ws.h_slots.data(), T);
-  upload(ws.logits_rows, in.logits_rows.data(), int64_t(in.logits_rows.size()));
-  batch.host_q_indptr = ws.h_q_indptr;
-  batch.host_kv_lens = ws.h_kv_lens;
-  batch.host_block_indptr = ws.h_block_indptr;
-  batch.host_block_ids = ws.h_block_ids;
+  ws_->stage(backend_, in, limits_, "eagle3: ");
 }
 
 void Eagle3Draft::forward(const spec::DraftForwardInputs& in, const TensorView& logits) {
