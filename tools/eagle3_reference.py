@@ -4,6 +4,8 @@
 Run where torch is installed (the GPU test host; CPU is enough):
     python3 tools/eagle3_reference.py --out /tmp/eagle3_ref
     MLA_EAGLE3_REFERENCE=/tmp/eagle3_ref build/cuda/tests/mlaserve_tests --gtest_filter='Eagle3.MatchesPyTorch*'
+The committed copy the test reads by default is tests/fixtures/eagle3_ref (written on the H200 host,
+torch 2.11, by the command above).
 
 It writes, independently of the C++ writer, a random draft in the SpecForge / sglang layout
 (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t int64, t2d bool, embed_tokens) for the
