@@ -49,8 +49,13 @@ ServerPointStats server_point_stats(const ServerCounters& before, const ServerCo
   const auto delta = [&](const char* n) { return after.get(n) - before.get(n); };
   if (after.has("engine_steps") && after.has("engine_forward_seconds")) {
     s.has_engine = true;
-    s.steps = delta("engine_steps");
-    const double fwd = delta("engine_forward_seconds"), step = delta("engine_step_seconds");
+    // Decode-only steps when the server splits them out (mlaserve does): a prefill step's longer
+    // forward would otherwise inflate the per-step figure TPOT is compared with.
+    const bool decode = after.has("engine_decode_steps");
+    s.decode_steps_only = decode;
+    s.steps = delta(decode ? "engine_decode_steps" : "engine_steps");
+    const double fwd = delta(decode ? "engine_decode_forward_seconds" : "engine_forward_seconds");
+    const double step = delta(decode ? "engine_decode_step_seconds" : "engine_step_seconds");
     if (s.steps > 0) {
       s.forward_ms_per_step = 1e3 * fwd / s.steps;
       s.step_ms_per_step = 1e3 * step / s.steps;
@@ -79,6 +84,7 @@ nlohmann::json server_stats_to_json(const ServerPointStats& s) {
   nlohmann::json j = nlohmann::json::object();
   if (s.has_engine) {
     j["engine_steps"] = s.steps;
+    j["engine_steps_are_decode_only"] = s.decode_steps_only;
     j["engine_forward_ms_per_step"] = s.forward_ms_per_step;
     j["engine_step_ms_per_step"] = s.step_ms_per_step;
     j["engine_host_overhead"] = s.engine_host_overhead;

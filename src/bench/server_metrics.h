@@ -28,7 +28,8 @@ ServerCounters parse_prometheus_counters(const std::string& text);
 
 // Deltas of one point and what follows from them (0 when a counter is missing).
 struct ServerPointStats {
-  double steps = 0;
+  double steps = 0;                  // decode-only steps when decode_steps_only, else all steps
+  bool decode_steps_only = false;
   double forward_ms_per_step = 0;    // engine_forward_seconds / steps: the device's share of a step
   double step_ms_per_step = 0;       // engine_step_seconds / steps: whole engine steps
   // Server overhead per generated token relative to the engine's forward time per step:

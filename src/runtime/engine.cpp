@@ -159,7 +159,10 @@ void Engine::shutdown(bool drain) {
   }
   cv_.notify_all();
   std::lock_guard<std::mutex> join_lock(join_mu_);
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) {
+    thread_.join();
+    delivery_.stop();  // the engine thread posted its last outputs before it returned
+  }
 }
 
 SubmitResult Engine::submit(RequestParams params) {
@@ -249,14 +252,24 @@ void Engine::run() {
     if (!running_.empty() || !waiting_.empty()) {
       const int64_t before = stat_steps_;
       const Clock::time_point t0 = Clock::now();
+      step_forward_seconds_ = 0;
+      step_decode_only_ = false;
       try {
         step();
       } catch (const std::exception& e) {
         fail_all(fmt::format("engine step failed: {}", e.what()));
       }
-      stat_step_seconds_ += seconds_between(t0, Clock::now());
+      const double dt = seconds_between(t0, Clock::now());
+      stat_step_seconds_ += dt;
+      stat_forward_seconds_ += step_forward_seconds_;
+      if (step_decode_only_ && stat_steps_ > before) {
+        ++stat_decode_steps_;
+        stat_decode_step_seconds_ += dt;
+        stat_decode_forward_seconds_ += step_forward_seconds_;
+      }
       idle_last = stat_steps_ == before;
     }
+    delivery_.post(outbox_);  // every output of this iteration (finishes and aborts included)
     std::erase_if(requests_, [](const auto& kv) { return kv.second->status == RequestStatus::Finished; });
     publish_metrics();
     if (dead_.load()) return;
@@ -318,6 +331,9 @@ void Engine::step() {
   const StepPlan plan = schedule(st, sc);
   apply_plan(plan);
   if (plan.chunks.empty()) return;
+  step_decode_only_ = std::all_of(plan.chunks.begin(), plan.chunks.end(), [](const ScheduledChunk& c) {
+    return c.samples && !c.admitted && c.num_new_tokens - c.num_draft_tokens == 1;
+  });
   if (speculator_) {
     forward_and_verify(plan);
   } else {
@@ -426,7 +442,7 @@ void Engine::forward_and_sample(const StepPlan& plan) {
   }
   if (samplers.empty()) {
     backend_.synchronize();  // the forward's time belongs to this step
-    stat_forward_seconds_ += seconds_between(t0, Clock::now());
+    step_forward_seconds_ += seconds_between(t0, Clock::now());
     return;
   }
 
@@ -454,7 +470,7 @@ void Engine::forward_and_sample(const StepPlan& plan) {
   }
   sampled_.assign(size_t(B), 0);
   sampler_.sample(logits, params, rngs, sampled_);
-  stat_forward_seconds_ += seconds_between(t0, Clock::now());  // ids are on the host: the device is done
+  step_forward_seconds_ += seconds_between(t0, Clock::now());  // ids are on the host: the device is done
   for (int64_t b = 0; b < B; ++b) {
     Request& r = *samplers[size_t(b)];
     emit_token(r, sampled_[size_t(b)], any_logprobs ? host_logits_.data() + b * vocab_ : nullptr,
@@ -520,7 +536,7 @@ void Engine::emit_token(Request& r, int32_t token, const float* logits_row, bool
   out.prompt_tokens = r.prompt_len;
   out.completion_tokens = r.num_output();
   out.cached_tokens = r.cached_tokens;
-  r.stream->push(std::move(out));
+  outbox_.emplace_back(r.stream, std::move(out));
 }
 
 void Engine::finish(Request& r, FinishReason reason, RequestOutput out) {
@@ -540,7 +556,7 @@ void Engine::finish(Request& r, FinishReason reason, RequestOutput out) {
   out.cached_tokens = r.cached_tokens;
   ++stat_finished_[size_t(reason)];
   e2e_.observe(seconds_between(r.arrival_time, Clock::now()));
-  r.stream->push(std::move(out));
+  outbox_.emplace_back(r.stream, std::move(out));
 }
 
 void Engine::fail_all(const std::string& why) {
@@ -578,6 +594,9 @@ void Engine::publish_metrics() {
   m.steps = stat_steps_;
   m.forward_seconds = stat_forward_seconds_;
   m.step_seconds = stat_step_seconds_;
+  m.decode_steps = stat_decode_steps_;
+  m.decode_forward_seconds = stat_decode_forward_seconds_;
+  m.decode_step_seconds = stat_decode_step_seconds_;
   std::copy(std::begin(stat_finished_), std::end(stat_finished_), std::begin(m.requests_finished));
   m.ttft = ttft_;
   m.itl = itl_;

@@ -16,6 +16,7 @@
 
 #include "model/deepseek_v3.h"
 #include "runtime/kv_cache.h"
+#include "runtime/output_delivery.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/request.h"
 #include "runtime/sampler.h"
@@ -71,6 +72,11 @@ struct EngineMetrics {
   // Server overhead per token is measured against forward_seconds / steps.
   double forward_seconds = 0;
   double step_seconds = 0;
+  // The same over decode-only steps (every scheduled sequence decodes: one token, or one plus its
+  // drafts), the steady state whose host share is the server's per-token overhead.
+  int64_t decode_steps = 0;
+  double decode_forward_seconds = 0;
+  double decode_step_seconds = 0;
   int64_t requests_finished[5] = {};  // by FinishReason (index = enum value)
   LatencyHistogram ttft;              // submit -> first token
   LatencyHistogram itl;               // between consecutive tokens of a request
@@ -158,7 +164,12 @@ class Engine {
   std::vector<int32_t> ids_, positions_, logits_rows_, sampled_;
   std::vector<model::SequenceSlice> slices_;
   std::vector<float> host_logits_;
-  double stat_forward_seconds_ = 0, stat_step_seconds_ = 0;
+  double stat_forward_seconds_ = 0, stat_step_seconds_ = 0, stat_decode_forward_seconds_ = 0,
+         stat_decode_step_seconds_ = 0;
+  int64_t stat_decode_steps_ = 0;
+  double step_forward_seconds_ = 0;  // this step's forward share (set by the forward functions)
+  bool step_decode_only_ = false;     // this step scheduled decodes only
+  std::vector<OutputDelivery::Item> outbox_;  // this step's outputs, posted to delivery_ once
   int64_t stat_prompt_tokens_ = 0, stat_generation_tokens_ = 0, stat_preemptions_ = 0, stat_steps_ = 0;
   int64_t stat_finished_[5] = {};
   LatencyHistogram ttft_, itl_, e2e_;
@@ -176,6 +187,7 @@ class Engine {
   std::atomic<bool> dead_{false};
   std::mutex join_mu_;  // serializes concurrent shutdown() joins
   std::thread thread_;
+  OutputDelivery delivery_;  // stopped after thread_ is joined (shutdown), so nothing is lost
 };
 
 }  // namespace mla::runtime

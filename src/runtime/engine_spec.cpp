@@ -106,7 +106,7 @@ void Engine::forward_and_verify(const StepPlan& plan) {
     }
     std::vector<std::vector<int32_t>> emitted;
     speculator_->verify(vs, emitted);
-    stat_forward_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_forward_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (int64_t b = 0; b < B; ++b) {
       const ScheduledChunk& c = plan.chunks[sampling[size_t(b)]];
       Request& r = *scheduled[sampling[size_t(b)]];
@@ -126,11 +126,11 @@ void Engine::forward_and_verify(const StepPlan& plan) {
   }
   if (B == 0) {
     backend_.synchronize();
-    stat_forward_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_forward_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   const auto t1 = std::chrono::steady_clock::now();
   propose_drafts(plan, first_pos, row0s);  // drafting is device work too (ids come back to the host)
-  stat_forward_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  step_forward_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 }
 
 void Engine::propose_drafts(const StepPlan& plan, std::span<const int> first_pos, std::span<const int> row0) {

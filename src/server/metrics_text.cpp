@@ -67,6 +67,10 @@ std::string prometheus_text(const runtime::EngineMetrics& m, const ServerCounter
   w.counter("engine_forward_seconds_total", "Engine time from staging a step to its sampled ids on the host.",
             m.forward_seconds);
   w.counter("engine_step_seconds_total", "Engine time in whole steps (forward plus host bookkeeping).", m.step_seconds);
+  w.counter("engine_decode_steps_total", "Engine steps in which every scheduled sequence decodes.", double(m.decode_steps));
+  w.counter("engine_decode_forward_seconds_total", "engine_forward_seconds over decode-only steps.",
+            m.decode_forward_seconds);
+  w.counter("engine_decode_step_seconds_total", "engine_step_seconds over decode-only steps.", m.decode_step_seconds);
   w.head("request_success_total", "counter", "Finished requests by finish reason.");
   static const char* const kReasons[5] = {"none", "stop", "length", "abort", "error"};
   for (int i = 1; i < 5; ++i)
