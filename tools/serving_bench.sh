@@ -23,7 +23,7 @@ port=18431
 serve() {  # name extra-args...: starts a server, waits for /health
   local name=$1
   shift
-  "$bin" serve --model "$model" --device cuda --gemm-precision bf16 --port $port --max-num-seqs 64 \
+  "$bin" serve --model "$model" --served-model-name default --device cuda --gemm-precision bf16 --port $port --max-num-seqs 64 \
     --max-tokens-per-step 1024 --num-kv-blocks 4096 "$@" >"$out/serve_$name.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 120); do
@@ -43,9 +43,9 @@ bench() {  # name concurrency extra-args...
   grep -E "Output token throughput|Per-user decode|TPOT|Server |Speculative" "$out/bench_$name.log" | sed "s/^/[$name] /"
 }
 
-echo "== 1. server overhead (plain decoding, bf16 GEMMs, decode graphs on)"
+echo "== 1. server overhead and the report: plain decoding, bf16 GEMMs, decode graphs on"
 if serve plain; then
-  bench overhead 1,64 --num-prompts 64 --report "$out/bench_report.html"
+  bench sweep 1,8,32,64 --report "$out/bench_report.html"
   stop
 fi
 
@@ -56,8 +56,17 @@ for k in 2 4; do
     stop
   fi
 done
-if serve plain_c1; then
-  bench plain_c1 1 --num-prompts 8
-  stop
-fi
+echo "== 3. generate (one request, in-process): decode tok/s without and with speculation"
+prompt="And it came to pass, when the king"
+gen() {  # name extra-args...
+  local name=$1
+  shift
+  timeout -k 5 120 "$bin" generate --model "$model" --device cuda --gemm-precision bf16 --prompt "$prompt" \
+    --max-tokens "$out_len" --ignore-eos --json "$@" >"$out/generate_$name.json" 2>"$out/generate_$name.err"
+  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); t=j['timing']; s=j.get('speculative',{});
+print(sys.argv[2], 'decode tok/s', round(t['decode_tokens_per_second'],1), 'mean accepted', s.get('mean_accepted_length'), 'per pos', s.get('acceptance_rate_per_position'))" \
+    "$out/generate_$name.json" "$name" 2>&1 | tail -1
+}
+gen plain
+for k in 1 2 3 4 6; do gen "spec_k$k" --speculative draft --draft-model "$draft" --num-draft-tokens $k; done
 echo "== done"
