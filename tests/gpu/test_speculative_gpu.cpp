@@ -143,5 +143,27 @@ TEST(GpuSpeculative, SampledRequestsComplete) {
   EXPECT_GT((*e)->metrics().spec.num_accepted_tokens, 0);
 }
 
+// The serving configuration (MlaPath::Auto, decode graphs, BF16 cache): verification steps run
+// absorbed and replay graphs per (T, q_len); batches of different sizes make the backend's scratch
+// grow after earlier graphs were captured. Regression: growth used to free the buffer those graphs
+// wrote to (an illegal address on the H200, found by compute-sanitizer in `serve`).
+TEST(GpuSpeculative, GraphsSurviveScratchGrowthAcrossBatchSizes) {
+  GpuModels& m = models();
+  runtime::EngineConfig c = config(2);
+  c.mla_path = model::MlaPath::Auto;
+  c.decode_graphs = true;
+  c.kv_cache_dtype = DType::BF16;
+  auto e = runtime::Engine::create(*m.target->model, *m.target->backend, m.tok.get(), c, m.draft.get());
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  for (int batch : {1, 8, 2, 8, 1}) {
+    auto reqs = requests(batch);
+    for (auto& r : reqs) r.ignore_eos = true;
+    const auto outs = run_all(**e, reqs);
+    for (size_t i = 0; i < outs.size(); ++i) EXPECT_EQ(int(outs[i].size()), reqs[i].max_tokens) << batch;
+  }
+  EXPECT_TRUE((*e)->healthy());
+  EXPECT_GT((*e)->metrics().spec.num_accepted_tokens, 0);
+}
+
 }  // namespace
 }  // namespace mla::test

@@ -3,6 +3,7 @@
 // process do not share state).
 #include "backend/gpu/gpu_backend_impl.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -122,8 +123,9 @@ void* Scratch::get(GpuBackend& backend, size_t bytes) {
   if (bytes > buf_.size()) {
     MLA_CHECK(!backend.capturing(), "scratch must grow from {} to {} bytes while recording a graph "
               "(run the step eagerly first)", buf_.size(), bytes);
-    backend.synchronize();  // earlier kernels may still use the old buffer
-    buf_ = backend.alloc(bytes);
+    const size_t grown = std::max(bytes, buf_.size() + buf_.size() / 2);  // geometric: few retirements
+    if (buf_.size() > 0) retired_.push_back(std::move(buf_));  // earlier graphs may replay on it
+    buf_ = backend.alloc(grown);
   }
   return buf_.data();
 }
