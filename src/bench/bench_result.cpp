@@ -154,8 +154,9 @@ std::string describe_result(const LoadgenConfig& cfg, const std::vector<PointSum
       const ServerPointStats& v = *p.server;
       s += fmt::format("{:<40} forward {:.3f} ms/step, step {:.3f} ms/step over {:.0f} steps\n",
                        "Server engine (its /metrics):", v.forward_ms_per_step, v.step_ms_per_step, v.steps);
-      s += fmt::format("{:<40} engine host {:.1f}%, client-seen {:.1f}% (TPOT / forward per step - 1)\n",
-                       "Server overhead per token:", 100 * v.engine_host_overhead, 100 * v.client_overhead);
+      s += fmt::format("{:<40} {:.1f}% of device time (duration / forward - 1); engine host {:.1f}%; "
+                       "vs engine step {:.1f}%\n", "Server overhead per token:", 100 * v.server_overhead,
+                       100 * v.engine_host_overhead, 100 * v.server_overhead_vs_step);
     }
     if (p.server && p.server->has_spec) {
       const ServerPointStats& v = *p.server;

@@ -211,7 +211,7 @@ PointSummary measured_point(const LoadgenConfig& cfg, std::optional<int> concurr
   PointSummary s = run_point(cfg, concurrency, num_prompts, seed, progress);
   if (before) {
     if (const std::optional<ServerCounters> after = scrape_counters(cfg)) {
-      ServerPointStats st = server_point_stats(*before, *after, s.tpot.mean);
+      ServerPointStats st = server_point_stats(*before, *after, s.duration);
       if (st.has_engine || st.has_spec) s.server = st;
     }
   }

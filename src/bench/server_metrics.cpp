@@ -44,7 +44,7 @@ ServerCounters parse_prometheus_counters(const std::string& text) {
   return c;
 }
 
-ServerPointStats server_point_stats(const ServerCounters& before, const ServerCounters& after, double mean_tpot_ms) {
+ServerPointStats server_point_stats(const ServerCounters& before, const ServerCounters& after, double duration_s) {
   ServerPointStats s;
   const auto delta = [&](const char* n) { return after.get(n) - before.get(n); };
   if (after.has("engine_steps") && after.has("engine_forward_seconds")) {
@@ -61,7 +61,10 @@ ServerPointStats server_point_stats(const ServerCounters& before, const ServerCo
       s.step_ms_per_step = 1e3 * step / s.steps;
     }
     if (fwd > 0) s.engine_host_overhead = (step - fwd) / fwd;
-    if (s.forward_ms_per_step > 0 && mean_tpot_ms > 0) s.client_overhead = mean_tpot_ms / s.forward_ms_per_step - 1.0;
+    const double all_fwd = delta("engine_forward_seconds");
+    if (all_fwd > 0 && duration_s > 0) s.server_overhead = duration_s / all_fwd - 1.0;
+    const double all_step = delta("engine_step_seconds");
+    if (all_step > 0 && duration_s > 0) s.server_overhead_vs_step = duration_s / all_step - 1.0;
   }
   if (after.has("spec_decode_num_drafts")) {
     s.has_spec = true;
@@ -88,7 +91,8 @@ nlohmann::json server_stats_to_json(const ServerPointStats& s) {
     j["engine_forward_ms_per_step"] = s.forward_ms_per_step;
     j["engine_step_ms_per_step"] = s.step_ms_per_step;
     j["engine_host_overhead"] = s.engine_host_overhead;
-    j["client_overhead_per_token"] = s.client_overhead;
+    j["server_overhead"] = s.server_overhead;
+    j["server_overhead_vs_engine_step"] = s.server_overhead_vs_step;
   }
   if (s.has_spec) {
     j["spec_decode_num_drafts"] = s.spec_num_drafts;

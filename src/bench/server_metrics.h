@@ -32,13 +32,21 @@ struct ServerPointStats {
   bool decode_steps_only = false;
   double forward_ms_per_step = 0;    // engine_forward_seconds / steps: the device's share of a step
   double step_ms_per_step = 0;       // engine_step_seconds / steps: whole engine steps
-  // Server overhead per generated token relative to the engine's forward time per step:
-  //   engine_host_overhead  = (step - forward) / forward   (scheduling, detokenizing, stream pushes)
-  //   client_overhead       = mean TPOT seen by the client / forward per step - 1
-  //                           (everything between the device finishing and the client reading a
-  //                           token; valid when each step emits one token per running request).
+  // Server overhead relative to the device's share of the work (forward seconds):
+  //   engine_host_overhead = (step - forward) / forward over the steps above: the engine thread's
+  //                          own host work per step (scheduling, bookkeeping, detokenizing);
+  //   server_overhead      = point duration / forward seconds of ALL steps in the point - 1:
+  //                          everything the client waited for that was not device work (engine host
+  //                          work, HTTP, JSON, SSE, idle gaps between requests), per unit of device
+  //                          work, so per generated token too.
+  // (TPOT is not used: a stream's first non-empty chunk can come many tokens after the first token,
+  // e.g. special tokens with no text, which shrinks TPOT below the step time.)
+  //   server_overhead_vs_step = point duration / step seconds of ALL steps - 1: the same without
+  //                          the engine thread's host work, i.e. the HTTP server's share against
+  //                          the engine's step time.
   double engine_host_overhead = 0;
-  double client_overhead = 0;
+  double server_overhead = 0;
+  double server_overhead_vs_step = 0;
   bool has_engine = false;
   // Speculative decoding (vLLM bench names): acceptance_length = 1 + accepted / drafts.
   bool has_spec = false;
@@ -47,7 +55,7 @@ struct ServerPointStats {
   std::vector<double> spec_per_position_acceptance_rates;
 };
 
-ServerPointStats server_point_stats(const ServerCounters& before, const ServerCounters& after, double mean_tpot_ms);
+ServerPointStats server_point_stats(const ServerCounters& before, const ServerCounters& after, double duration_s);
 
 nlohmann::json server_stats_to_json(const ServerPointStats& s);
 

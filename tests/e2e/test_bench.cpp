@@ -303,13 +303,14 @@ TEST(BenchServerMetrics, PrometheusParsingAndDeltas) {
   const bench::ServerCounters b = bench::parse_prometheus_counters(before), a = bench::parse_prometheus_counters(after);
   EXPECT_DOUBLE_EQ(b.get("engine_steps"), 100);
   EXPECT_FALSE(b.has("garbage"));
-  const bench::ServerPointStats s = bench::server_point_stats(b, a, /*mean_tpot_ms=*/12.0);
+  const bench::ServerPointStats s = bench::server_point_stats(b, a, /*duration_s=*/2.4);
   ASSERT_TRUE(s.has_engine && s.has_spec);
   EXPECT_DOUBLE_EQ(s.steps, 200);
   EXPECT_DOUBLE_EQ(s.forward_ms_per_step, 10.0);       // 2 s / 200 steps
   EXPECT_DOUBLE_EQ(s.step_ms_per_step, 11.5);          // 2.3 s / 200
   EXPECT_NEAR(s.engine_host_overhead, 0.15, 1e-12);    // (2.3 - 2) / 2
-  EXPECT_NEAR(s.client_overhead, 0.2, 1e-12);          // 12 / 10 - 1
+  EXPECT_NEAR(s.server_overhead, 0.2, 1e-12);          // 2.4 s / 2 s of forward - 1
+  EXPECT_NEAR(s.server_overhead_vs_step, 2.4 / 2.3 - 1, 1e-12);
   EXPECT_DOUBLE_EQ(s.spec_acceptance_rate, 50.0 / 80.0);
   EXPECT_DOUBLE_EQ(s.spec_acceptance_length, 1.0 + 50.0 / 20.0);
   ASSERT_EQ(s.spec_per_position_acceptance_rates.size(), 2u);
@@ -345,7 +346,8 @@ TEST(BenchServerMetrics, PointsCarryTheServersCountersForThatPoint) {
   EXPECT_NEAR(p.server->spec_acceptance_length, 3.0, 1e-12);
   const nlohmann::json j = bench::point_to_json(p);
   EXPECT_NEAR(j["server"]["spec_decode_acceptance_length"].get<double>(), 3.0, 1e-12);
-  EXPECT_TRUE(j["server"].contains("client_overhead_per_token"));
+  // The point's own duration against the fake's 20 steps x 8 ms of "forward" (not physical here).
+  EXPECT_NEAR(j["server"]["server_overhead"].get<double>(), p.duration / (20 * 0.008) - 1.0, 1e-9);
 }
 
 TEST(BenchResult, JsonHasVllmFieldNamesCostAndPlan) {

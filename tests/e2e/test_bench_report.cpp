@@ -243,20 +243,6 @@ TEST(BenchReport, RendersInHeadlessChromiumWithoutConsoleErrors) {
   EXPECT_EQ(be32(20), 600u);
 }
 
-// The README's image: MLA_REPORT_PNG=docs/img/bench_report.png ./mlaserve_tests
-// --gtest_filter=BenchReport.WritesTheReadmeImage regenerates it from this file's fixture.
-TEST(BenchReport, WritesTheReadmeImage) {
-  const char* out = std::getenv("MLA_REPORT_PNG");
-  if (out == nullptr || *out == '\0') return;  // only on request: tests write nothing into the tree
-  TempDir dir;
-  const std::string html_path = (dir.path / "report.html").string();
-  ReportOptions options;
-  options.title = "mlaserve bench report — synthetic data (1024 in / 400 out)";
-  ASSERT_TRUE(write_report(synthetic_result(), html_path, options).is_ok());
-  const Status st = render_report_png(html_path, out);
-  ASSERT_TRUE(st.is_ok()) << st.message();
-}
-
 TEST(BenchReport, MissingChromiumIsAClearError) {
   const char* old = std::getenv("MLA_CHROMIUM");
   const std::string saved = old != nullptr ? old : "";
