@@ -14,29 +14,17 @@
 
 #include "core/dtype.h"
 #include "io/safetensors_writer.h"
+#include "model/synthetic_random.h"
 
 namespace mla::model {
 
 namespace {
 
-// splitmix64 finalizer: element i of a tensor is a function of (key, i) alone.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using synthetic::mix;
+using synthetic::normal;
 
-uint64_t name_key(uint64_t seed, const std::string& s) {  // FNV-1a of the name, mixed with the seed
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return mix(seed ^ h);
-}
-
-float normal(uint64_t key, uint64_t i) {  // Box-Muller from two counter-based uniforms
-  const double u1 = (double(mix(key ^ (2 * i)) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-  const double u2 = double(mix(key ^ (2 * i + 1)) >> 11) * (1.0 / 9007199254740992.0);
-  return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+uint64_t name_key(uint64_t seed, const std::string& s) {  // the name's hash mixed with the seed
+  return mix(seed ^ synthetic::name_hash(s));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "backend/gpu/gpu_backend.h"
 #include "model/model_test_util.h"
 #include "runtime/engine.h"
+#include "spec/spec_test_util.h"
 #include "spec/deepseek_draft.h"
 #include "tokenizer/tokenizer.h"
 
@@ -66,18 +67,11 @@ runtime::EngineConfig config(int k) {
   return c;
 }
 
-std::vector<std::vector<int32_t>> run_all(runtime::Engine& e, const std::vector<runtime::RequestParams>& reqs) {
-  std::vector<runtime::SubmitResult> subs;
-  for (const auto& p : reqs) subs.push_back(e.submit(p));
-  std::vector<std::vector<int32_t>> outs;
-  for (auto& s : subs) {
-    EXPECT_TRUE(s.ok()) << s.error.message;
-    std::vector<int32_t> ids;
-    if (s.ok())
-      while (auto d = s.stream->next()) ids.insert(ids.end(), d->token_ids.begin(), d->token_ids.end());
-    outs.push_back(ids);
-  }
-  return outs;
+// Token ids of each request, in request order.
+std::vector<std::vector<int32_t>> run_ids(runtime::Engine& e, const std::vector<runtime::RequestParams>& reqs) {
+  std::vector<std::vector<int32_t>> ids;
+  for (const runtime::RequestOutput& o : run_all(e, reqs)) ids.push_back(o.token_ids);
+  return ids;
 }
 
 std::vector<runtime::RequestParams> requests(int n) {
@@ -106,17 +100,13 @@ TEST_P(GpuSpeculativeGreedy, IdenticalToNonSpeculative) {
   {
     auto plain = runtime::Engine::create(*m.target->model, *m.target->backend, m.tok.get(), config(0));
     ASSERT_TRUE(plain.is_ok()) << plain.status().message();
-    want = run_all(**plain, reqs);
+    want = run_ids(**plain, reqs);
   }
   auto e = runtime::Engine::create(*m.target->model, *m.target->backend, m.tok.get(), config(k), m.draft.get());
   ASSERT_TRUE(e.is_ok()) << e.status().message();
-  const auto got = run_all(**e, reqs);
+  const auto got = run_ids(**e, reqs);
   for (int i = 0; i < batch; ++i) EXPECT_EQ(got[size_t(i)], want[size_t(i)]) << "request " << i << " K=" << k;
-  runtime::EngineMetrics mt = (*e)->metrics();
-  for (int i = 0; i < 400 && (mt.num_running > 0 || mt.num_blocks_used > 0); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    mt = (*e)->metrics();
-  }
+  const runtime::EngineMetrics mt = settled(**e);
   EXPECT_EQ(mt.num_blocks_used, 0);
   std::printf("[ spec gpu ] K=%d batch=%d: %lld/%lld drafts accepted, mean accepted length %.2f\n", k, batch,
               static_cast<long long>(mt.spec.num_accepted_tokens), static_cast<long long>(mt.spec.num_draft_tokens),
@@ -138,7 +128,7 @@ TEST(GpuSpeculative, SampledRequestsComplete) {
     reqs[i].sampling.seed = 11 + i;
     reqs[i].ignore_eos = true;
   }
-  const auto outs = run_all(**e, reqs);
+  const auto outs = run_ids(**e, reqs);
   for (size_t i = 0; i < outs.size(); ++i) EXPECT_EQ(int(outs[i].size()), reqs[i].max_tokens);
   EXPECT_GT((*e)->metrics().spec.num_accepted_tokens, 0);
 }
@@ -158,7 +148,7 @@ TEST(GpuSpeculative, GraphsSurviveScratchGrowthAcrossBatchSizes) {
   for (int batch : {1, 8, 2, 8, 1}) {
     auto reqs = requests(batch);
     for (auto& r : reqs) r.ignore_eos = true;
-    const auto outs = run_all(**e, reqs);
+    const auto outs = run_ids(**e, reqs);
     for (size_t i = 0; i < outs.size(); ++i) EXPECT_EQ(int(outs[i].size()), reqs[i].max_tokens) << batch;
   }
   EXPECT_TRUE((*e)->healthy());

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "model/model_test_util.h"
+#include "spec/spec_test_util.h"
 #include "runtime/engine.h"
 #include "spec/deepseek_draft.h"
 #include "tokenizer/tokenizer.h"
@@ -76,41 +77,6 @@ std::unique_ptr<Engine> make_engine(const EngineConfig& c, spec::DraftModel* dra
   auto e = Engine::create(*m.target->model, *m.target->backend, m.tok.get(), c, draft);
   EXPECT_TRUE(e.is_ok()) << e.status().message();
   return e.is_ok() ? std::move(e).value() : nullptr;
-}
-
-RequestOutput collect(runtime::RequestStream& s) {
-  RequestOutput all;
-  while (auto d = s.next()) {
-    all.token_ids.insert(all.token_ids.end(), d->token_ids.begin(), d->token_ids.end());
-    all.text += d->text;
-    all.finished = d->finished;
-    all.finish_reason = d->finish_reason;
-    for (auto& lp : d->logprobs) all.logprobs.push_back(lp);
-  }
-  return all;
-}
-
-// Runs all requests concurrently on `e` and returns their outputs in order.
-std::vector<RequestOutput> run_all(Engine& e, const std::vector<RequestParams>& reqs) {
-  std::vector<runtime::SubmitResult> subs;
-  for (const RequestParams& p : reqs) {
-    subs.push_back(e.submit(p));
-    EXPECT_TRUE(subs.back().ok()) << subs.back().error.message;
-  }
-  std::vector<RequestOutput> outs;
-  for (auto& s : subs) outs.push_back(s.ok() ? collect(*s.stream) : RequestOutput{});
-  return outs;
-}
-
-// Metrics after the engine has published the iteration that finished the last request (the
-// streams end before that publication).
-runtime::EngineMetrics settled(Engine& e) {
-  runtime::EngineMetrics m = e.metrics();
-  for (int i = 0; i < 400 && (m.num_running + m.num_waiting > 0 || m.num_blocks_used > 0); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    m = e.metrics();
-  }
-  return m;
 }
 
 const char* const kPrompts[] = {
@@ -246,7 +212,7 @@ TEST(Speculative, NoBlockLeaksAfter100RequestsSomeCancelled) {
   }
   for (int i = 0; i < 100; i += 3) e->abort(subs[size_t(i)].stream->id());
   int finished = 0;
-  for (auto& s : subs) finished += collect(*s.stream).finished ? 1 : 0;
+  for (auto& s : subs) finished += collect_stream(*s.stream).finished ? 1 : 0;
   EXPECT_EQ(finished, 100);
   const runtime::EngineMetrics m = settled(*e);
   EXPECT_EQ(m.num_blocks_used, 0);

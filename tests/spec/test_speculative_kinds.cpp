@@ -14,6 +14,7 @@
 #include "model/model_test_util.h"
 #include "model/mtp_test_util.h"
 #include "runtime/engine.h"
+#include "spec/spec_test_util.h"
 
 namespace mla::test {
 namespace {
@@ -75,23 +76,6 @@ EngineConfig config(int k) {
   return c;
 }
 
-std::vector<RequestOutput> run_all(Engine& e, const std::vector<RequestParams>& reqs) {
-  std::vector<runtime::SubmitResult> subs;
-  for (const RequestParams& p : reqs) subs.push_back(e.submit(p));
-  std::vector<RequestOutput> outs;
-  for (auto& s : subs) {
-    EXPECT_TRUE(s.ok()) << s.error.message;
-    RequestOutput all;
-    if (s.ok())
-      while (auto d = s.stream->next()) {
-        all.token_ids.insert(all.token_ids.end(), d->token_ids.begin(), d->token_ids.end());
-        all.finished = d->finished;
-      }
-    outs.push_back(all);
-  }
-  return outs;
-}
-
 std::vector<RequestParams> requests(int n) {
   std::vector<RequestParams> v;
   const int vocab = target().lm->model->config().vocab_size;
@@ -127,11 +111,7 @@ TEST_P(FeatureFedGreedy, IdenticalToNonSpeculative) {
     EXPECT_EQ(got[size_t(i)].token_ids, want[size_t(i)].token_ids) << kind << " request " << i;
     EXPECT_TRUE(got[size_t(i)].finished);
   }
-  runtime::EngineMetrics m = (*e)->metrics();
-  for (int i = 0; i < 400 && (m.num_running > 0 || m.num_blocks_used > 0); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    m = (*e)->metrics();
-  }
+  const runtime::EngineMetrics m = settled(**e);
   EXPECT_EQ(m.num_blocks_used, 0);
   EXPECT_GT(m.spec.num_draft_tokens, 0);
 }

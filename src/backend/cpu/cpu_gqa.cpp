@@ -31,37 +31,6 @@ void check_gqa_cache(const TensorView& cache, int64_t row_width, const char* op)
   MLA_CHECK(cache.dim(2) == row_width, "{}: cache {} rows are not 2*KVH*D = {}", op, cache.describe(), row_width);
 }
 
-// The AttentionBatch rules of cpu_mla.cpp's check_batch (host mirrors are authoritative).
-void check_gqa_batch(const TensorView& cache, const ops::AttentionBatch& batch, int64_t num_tokens) {
-  MLA_CHECK(batch.block_size > 0 && cache.dim(1) == batch.block_size, "gqa_attention: cache {} vs block_size {}",
-            cache.describe(), batch.block_size);
-  const int64_t seqs = batch.num_seqs;
-  MLA_CHECK(seqs >= 0 && batch.host_q_indptr.size() == size_t(seqs + 1) && batch.host_kv_lens.size() == size_t(seqs) &&
-                batch.host_block_indptr.size() == size_t(seqs + 1),
-            "gqa_attention: host mirrors sized {}/{}/{} for {} sequences", batch.host_q_indptr.size(),
-            batch.host_kv_lens.size(), batch.host_block_indptr.size(), seqs);
-  MLA_CHECK(batch.host_q_indptr[0] == 0 && batch.host_q_indptr[size_t(seqs)] == num_tokens,
-            "gqa_attention: q_indptr spans [{}, {}), want [0, {})", batch.host_q_indptr[0],
-            batch.host_q_indptr[size_t(seqs)], num_tokens);
-  MLA_CHECK(batch.host_block_indptr[0] >= 0 &&
-                size_t(batch.host_block_indptr[size_t(seqs)]) <= batch.host_block_ids.size(),
-            "gqa_attention: block_indptr ends at {} but there are {} block ids",
-            batch.host_block_indptr[size_t(seqs)], batch.host_block_ids.size());
-  for (size_t s = 0; s < size_t(seqs); ++s) {
-    const int64_t q_len = batch.host_q_indptr[s + 1] - batch.host_q_indptr[s];
-    const int64_t kv_len = batch.host_kv_lens[s];
-    const int64_t blocks = batch.host_block_indptr[s + 1] - batch.host_block_indptr[s];
-    MLA_CHECK(q_len >= 0 && kv_len >= q_len, "gqa_attention: seq {} has q_len {} kv_len {}", s, q_len, kv_len);
-    MLA_CHECK(blocks >= 0 && blocks * batch.block_size >= kv_len, "gqa_attention: seq {} has {} blocks for {} tokens",
-              s, blocks, kv_len);
-    for (int64_t b = 0; b < (kv_len + batch.block_size - 1) / batch.block_size; ++b) {
-      const int32_t id = batch.host_block_ids[size_t(batch.host_block_indptr[s] + b)];
-      MLA_CHECK(id >= 0 && id < cache.dim(0), "gqa_attention: seq {} block {} id {} outside [0, {})", s, b, id,
-                cache.dim(0));
-    }
-  }
-}
-
 // An F32 [T, width] view with contiguous rows' last dim.
 void check_rows(const TensorView& v, int64_t rows, int64_t width, const char* what) {
   check_view(v, DType::F32, 2, what);
@@ -105,7 +74,7 @@ void CpuBackend::gqa_attention(const TensorView& q, const TensorView& cache, con
   check_rows(out, num_tokens, heads * head_dim, "gqa_attention out");
   MLA_CHECK(!views_alias(q, out), "gqa_attention: out aliases q");
   check_gqa_cache(cache, dims.cache_row_width(), "gqa_attention");
-  check_gqa_batch(cache, batch, num_tokens);
+  check_attention_batch(cache, batch, num_tokens, "gqa_attention");
 
   float* m = grow(attn_max_, size_t(num_tokens * heads));
   float* l = grow(attn_sum_, size_t(num_tokens * heads));

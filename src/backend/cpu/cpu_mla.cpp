@@ -18,6 +18,36 @@
 
 namespace mla::cpu {
 
+void check_attention_batch(const TensorView& cache, const ops::AttentionBatch& batch, int64_t num_tokens,
+                           const char* op) {
+  MLA_CHECK(cache.ndim == 3 && batch.block_size > 0 && cache.dim(1) == batch.block_size,
+            "{}: cache {} vs block_size {}", op, cache.describe(), batch.block_size);
+  const int64_t seqs = batch.num_seqs;
+  MLA_CHECK(seqs >= 0 && batch.host_q_indptr.size() == size_t(seqs + 1) && batch.host_kv_lens.size() == size_t(seqs) &&
+                batch.host_block_indptr.size() == size_t(seqs + 1),
+            "{}: host mirrors sized {}/{}/{} for {} sequences", op, batch.host_q_indptr.size(),
+            batch.host_kv_lens.size(), batch.host_block_indptr.size(), seqs);
+  MLA_CHECK(batch.host_q_indptr[0] == 0 && batch.host_q_indptr[size_t(seqs)] == num_tokens,
+            "{}: q_indptr spans [{}, {}), want [0, {})", op, batch.host_q_indptr[0],
+            batch.host_q_indptr[size_t(seqs)], num_tokens);
+  MLA_CHECK(batch.host_block_indptr[0] >= 0 && size_t(batch.host_block_indptr[size_t(seqs)]) <= batch.host_block_ids.size(),
+            "{}: block_indptr ends at {} but there are {} block ids", op, batch.host_block_indptr[size_t(seqs)],
+            batch.host_block_ids.size());
+  const int64_t num_blocks = cache.dim(0);
+  for (size_t s = 0; s < size_t(seqs); ++s) {
+    const int64_t q_len = batch.host_q_indptr[s + 1] - batch.host_q_indptr[s];
+    const int64_t kv_len = batch.host_kv_lens[s];
+    const int64_t blocks = batch.host_block_indptr[s + 1] - batch.host_block_indptr[s];
+    MLA_CHECK(q_len >= 0 && kv_len >= q_len, "{}: seq {} has q_len {} kv_len {}", op, s, q_len, kv_len);
+    MLA_CHECK(blocks >= 0 && blocks * batch.block_size >= kv_len, "{}: seq {} has {} blocks for {} tokens", op, s,
+              blocks, kv_len);
+    for (int64_t b = 0; b < (kv_len + batch.block_size - 1) / batch.block_size; ++b) {
+      const int32_t id = batch.host_block_ids[size_t(batch.host_block_indptr[s] + b)];
+      MLA_CHECK(id >= 0 && id < num_blocks, "{}: seq {} block {} id {} outside [0, {})", op, s, b, id, num_blocks);
+    }
+  }
+}
+
 namespace {
 
 // Key positions per chunk. Naive form: 256, to amortize decompressing the chunk (a GEMM with all of
@@ -35,32 +65,8 @@ void check_batch(const TensorView& cache, const ops::AttentionBatch& batch, cons
                  int64_t num_tokens) {
   MLA_CHECK((cache.dtype == DType::F32 || cache.dtype == DType::BF16) && cache.ndim == 3 && cache.is_contiguous(),
             "attention: cache {} must be contiguous F32 or BF16 [blocks, block_size, kv_dim]", cache.describe());
-  MLA_CHECK(cache.dim(1) == batch.block_size && batch.block_size > 0 && cache.dim(2) == dims.kv_dim(),
-            "attention: cache {} vs block_size {} kv_dim {}", cache.describe(), batch.block_size, dims.kv_dim());
-  const int64_t seqs = batch.num_seqs;
-  MLA_CHECK(seqs >= 0 && batch.host_q_indptr.size() == size_t(seqs + 1) && batch.host_kv_lens.size() == size_t(seqs) &&
-                batch.host_block_indptr.size() == size_t(seqs + 1),
-            "attention: host mirrors sized {}/{}/{} for {} sequences", batch.host_q_indptr.size(),
-            batch.host_kv_lens.size(), batch.host_block_indptr.size(), seqs);
-  MLA_CHECK(batch.host_q_indptr[0] == 0 && batch.host_q_indptr[size_t(seqs)] == num_tokens,
-            "attention: q_indptr spans [{}, {}), want [0, {})", batch.host_q_indptr[0],
-            batch.host_q_indptr[size_t(seqs)], num_tokens);
-  MLA_CHECK(batch.host_block_indptr[0] >= 0 && size_t(batch.host_block_indptr[size_t(seqs)]) <= batch.host_block_ids.size(),
-            "attention: block_indptr ends at {} but there are {} block ids", batch.host_block_indptr[size_t(seqs)],
-            batch.host_block_ids.size());
-  const int64_t num_blocks = cache.dim(0);
-  for (size_t s = 0; s < size_t(seqs); ++s) {
-    const int64_t q_len = batch.host_q_indptr[s + 1] - batch.host_q_indptr[s];
-    const int64_t kv_len = batch.host_kv_lens[s];
-    const int64_t blocks = batch.host_block_indptr[s + 1] - batch.host_block_indptr[s];
-    MLA_CHECK(q_len >= 0 && kv_len >= q_len, "attention: seq {} has q_len {} kv_len {}", s, q_len, kv_len);
-    MLA_CHECK(blocks >= 0 && blocks * batch.block_size >= kv_len, "attention: seq {} has {} blocks for {} tokens", s,
-              blocks, kv_len);
-    for (int64_t b = 0; b < (kv_len + batch.block_size - 1) / batch.block_size; ++b) {
-      const int32_t id = batch.host_block_ids[size_t(batch.host_block_indptr[s] + b)];
-      MLA_CHECK(id >= 0 && id < num_blocks, "attention: seq {} block {} id {} outside [0, {})", s, b, id, num_blocks);
-    }
-  }
+  MLA_CHECK(cache.dim(2) == dims.kv_dim(), "attention: cache {} vs kv_dim {}", cache.describe(), dims.kv_dim());
+  check_attention_batch(cache, batch, num_tokens, "attention");
 }
 
 // The cache row of absolute position `pos` of sequence `s` as fp32. An F32 cache is read in place; a

@@ -7,7 +7,17 @@
 
 #include "core/tensor.h"
 
+namespace mla::ops {
+struct AttentionBatch;
+}
+
 namespace mla::cpu {
+
+// The AttentionBatch rules every paged-attention op checks (host mirrors are authoritative): mirror
+// sizes, q_indptr covering num_tokens rows, kv_len >= q_len, block tables covering kv_len with ids
+// inside the cache's [num_blocks, block_size, *]. Errors start with `op`. (cpu_mla.cpp)
+void check_attention_batch(const TensorView& cache, const ops::AttentionBatch& batch, int64_t num_tokens,
+                           const char* op);
 
 // Grows `v` to at least `n` elements and never shrinks it: after the first call at the largest size,
 // no op allocates again (STYLE 5).
