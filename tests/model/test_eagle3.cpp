@@ -301,9 +301,11 @@ void rewrite(const std::string& dir, const std::string& drop, const std::string&
     }
   }
   io::SafetensorsWriter w;
-  for (auto& [info, bytes] : keep)
-    w.add(info.name, info.dtype, info.shape,
+  for (auto& kept : keep) {
+    const std::vector<uint8_t>& bytes = kept.second;  // a named reference: clang 14 cannot capture bindings
+    w.add(kept.first.name, kept.first.dtype, kept.first.shape,
           [&bytes](std::span<uint8_t> out) { std::copy(bytes.begin(), bytes.end(), out.begin()); });
+  }
   if (!replace.empty()) w.add(replace, dtype, shape, fill ? fill : io::TensorFill([](std::span<uint8_t>) {}));
   const Status st = w.write(path);
   ASSERT_TRUE(st.is_ok()) << st.message();
