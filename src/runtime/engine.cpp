@@ -269,9 +269,10 @@ void Engine::run() {
       }
       idle_last = stat_steps_ == before;
     }
-    delivery_.post(outbox_);  // every output of this iteration (finishes and aborts included)
     std::erase_if(requests_, [](const auto& kv) { return kv.second->status == RequestStatus::Finished; });
     publish_metrics();
+    // After publishing: a client that has its final output sees metrics that include it.
+    delivery_.post(outbox_);  // every output of this iteration (finishes and aborts included)
     if (dead_.load()) return;
     if (stopping && running_.empty() && waiting_.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
