@@ -403,6 +403,8 @@ void Engine::register_full_blocks(Request& r) {
   const int bs = config_.block_size;
   const int full = r.num_computed / bs;
   if (full <= r.num_registered_blocks) return;
+  MLA_CHECK(size_t(full) * size_t(bs) <= r.tokens.size(), "request {}: {} computed tokens but {} known", r.id,
+            r.num_computed, r.tokens.size());
   prefix_extend_hashes(r.hashes, r.root_hash, std::span<const int32_t>(r.tokens).first(size_t(full) * size_t(bs)), bs);
   for (int b = r.num_registered_blocks; b < full; ++b) prefix_.insert(r.hashes[size_t(b)], r.blocks[size_t(b)]);
   r.num_registered_blocks = full;

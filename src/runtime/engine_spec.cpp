@@ -112,15 +112,18 @@ void Engine::forward_and_verify(const StepPlan& plan) {
       Request& r = *scheduled[sampling[size_t(b)]];
       const std::vector<int32_t>& e = emitted[size_t(b)];
       const int accepted = int(e.size()) - 1;
-      r.num_computed += c.num_new_tokens - c.num_draft_tokens + accepted;
-      register_full_blocks(r);
       r.draft_tokens.clear();
       r.draft_q_row = -1;
       const bool want_lp = r.params.logprobs.has_value();
       for (size_t i = 0; i < e.size(); ++i) {
         const float* lp_row = want_lp ? host_logits_.data() + (size_t(b * K1) + i) * size_t(vocab_) : nullptr;
         emit_token(r, e[i], lp_row, want_lp);
-        if (r.status == RequestStatus::Finished) break;
+        if (r.status == RequestStatus::Finished) break;  // its blocks are released: nothing to advance
+      }
+      // After emitting: the accepted drafts are now in r.tokens, which block hashing reads.
+      if (r.status != RequestStatus::Finished) {
+        r.num_computed += c.num_new_tokens - c.num_draft_tokens + accepted;
+        register_full_blocks(r);
       }
     }
   }
