@@ -144,9 +144,11 @@ Result<ModelConfig> preset_config(std::string_view name) {
   return c;
 }
 
-Status apply_overrides(ModelConfig& cfg, std::optional<int> layers, std::optional<int> experts) {
+Status apply_overrides(ModelConfig& cfg, std::optional<int> layers, std::optional<int> experts,
+                       std::optional<int> dense_layers) {
   if (layers && *layers < 1) return error("--layers: must be >= 1, got {}", *layers);
   if (experts && *experts < 1) return error("--experts: must be >= 1, got {}", *experts);
+  if (dense_layers && *dense_layers < 0) return error("--dense-layers: must be >= 0, got {}", *dense_layers);
   ModelConfig c = cfg;
   if (layers) {
     c.num_hidden_layers = *layers;
@@ -164,6 +166,12 @@ Status apply_overrides(ModelConfig& cfg, std::optional<int> layers, std::optiona
       c.n_group = 1;
       c.topk_group = 1;
     }
+  }
+  if (dense_layers) {
+    if (*dense_layers > c.num_hidden_layers) {
+      return error("--dense-layers: {} exceeds the model's {} layers", *dense_layers, c.num_hidden_layers);
+    }
+    c.first_k_dense_replace = *dense_layers;
   }
   MLA_RETURN_IF_ERROR(validate_model_config(c, "overridden config"));
   cfg = std::move(c);

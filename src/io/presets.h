@@ -23,8 +23,11 @@ std::vector<std::string> preset_names();
 //  - experts: n_routed_experts = experts; num_experts_per_tok clamped to <= experts; if the
 //    grouping no longer works (n_group does not divide experts, a group would hold < 2 experts,
 //    or topk_group groups could not supply top-k candidates) then n_group = topk_group = 1.
-// Returns an error (config untouched) for values < 1 or a result that fails validation.
-Status apply_overrides(ModelConfig& cfg, std::optional<int> layers, std::optional<int> experts);
+//  - dense_layers (applied after layers): first_k_dense_replace = dense_layers, which must lie in
+//    [0, num_hidden_layers]; equal to the layer count gives an all-dense model (MTP blocks stay MoE).
+// Returns an error (config untouched) for values out of range or a result that fails validation.
+Status apply_overrides(ModelConfig& cfg, std::optional<int> layers, std::optional<int> experts,
+                       std::optional<int> dense_layers = std::nullopt);
 
 // "bf16": no quantization_config; "fp8": DeepSeek fp8 e4m3 128x128 blocks, dynamic activations;
 // "int4": compressed-tensors pack-quantized W4A16 group 32 with Kimi K2 Thinking's ignore list

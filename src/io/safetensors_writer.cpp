@@ -1,14 +1,18 @@
-// Streaming safetensors writers. One buffer, sized to the largest tensor so far, is reused for
-// every fill; data goes out in 64 MiB chunks so progress moves smoothly on multi-GB tensors.
+// Streaming safetensors writers. Two fill buffers, each sized to the largest tensor it has held,
+// alternate: tensor k+1 is generated while a helper thread writes tensor k, so a CPU-bound fill
+// (make-model) and the disk overlap; peak memory is two tensors, never the model. Data goes out in
+// 64 MiB chunks so progress moves smoothly on multi-GB tensors.
 #include "io/safetensors_writer.h"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -39,6 +43,8 @@ struct FillBuffer {
     return {data.get(), n};
   }
 };
+// The pair write_file alternates between (see the file comment).
+using FillBuffers = std::array<FillBuffer, 2>;
 
 // An open "<path>.tmp" that is removed unless commit() renames it to `path`.
 class TempFile {
@@ -114,7 +120,7 @@ Status check_unique_names(const std::vector<PendingTensor>& tensors) {
 // Writes `tensors` as one file. `done` counts data bytes across calls for progress.
 Status write_file(const std::string& path, std::span<PendingTensor> tensors,
                   const std::map<std::string, std::string>& metadata, const WriteProgress& progress, uint64_t& done,
-                  uint64_t total, FillBuffer& buffer) {
+                  uint64_t total, FillBuffers& buffers) {
   // The header text is assembled by hand: nlohmann's ordered_json finds keys by linear search,
   // which is quadratic for the ~100k tensors of a single-file DeepSeek-size checkpoint.
   std::string text = "{";
@@ -152,16 +158,28 @@ Status write_file(const std::string& path, std::span<PendingTensor> tensors,
   for (int i = 0; i < 8; ++i) prefix[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
   MLA_RETURN_IF_ERROR(out.write(prefix, 8));
   MLA_RETURN_IF_ERROR(out.write(text.data(), text.size()));
-  for (auto& t : tensors) {
-    const std::span<uint8_t> bytes = buffer.get(size_t(t.nbytes));
-    t.fill(bytes);
+  // Pipeline: fill tensor k into buffers[k % 2], then wait for tensor k-1's write (which also
+  // frees buffers[(k + 1) % 2] for the next fill) and hand tensor k to a writer thread. Fills run
+  // on this thread, in add() order, one at a time; `done` and `progress` are touched only by the
+  // writer, one write at a time. `pending` is declared after `out`, so an early return joins the
+  // write before the file is closed.
+  std::future<Status> pending;
+  const auto write_tensor = [&out, &done, &progress, total](std::span<const uint8_t> bytes) -> Status {
     for (size_t pos = 0; pos < bytes.size(); pos += kWriteChunk) {
       const size_t n = std::min(kWriteChunk, bytes.size() - pos);
       MLA_RETURN_IF_ERROR(out.write(bytes.data() + pos, n));
       done += n;
       if (progress) progress(done, total);
     }
+    return Status::ok();
+  };
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const std::span<uint8_t> bytes = buffers[k % 2].get(size_t(tensors[k].nbytes));
+    tensors[k].fill(bytes);
+    if (pending.valid()) MLA_RETURN_IF_ERROR(pending.get());
+    pending = std::async(std::launch::async, write_tensor, std::span<const uint8_t>(bytes));
   }
+  if (pending.valid()) MLA_RETURN_IF_ERROR(pending.get());
   return out.commit();
 }
 
@@ -190,8 +208,8 @@ Status SafetensorsWriter::write(const std::string& path) {
   if (!error_.is_ok()) return error_.with_context(path);
   MLA_RETURN_IF_ERROR(check_unique_names(tensors_).with_context(path));
   uint64_t done = 0;
-  FillBuffer buffer;
-  return write_file(path, tensors_, metadata_, progress_, done, data_bytes(), buffer);
+  FillBuffers buffers;
+  return write_file(path, tensors_, metadata_, progress_, done, data_bytes(), buffers);
 }
 
 // ---- ShardedCheckpointWriter -------------------------------------------------------------------
@@ -226,13 +244,13 @@ Status ShardedCheckpointWriter::write(const std::string& dir) {
   const uint64_t total = sum_bytes(tensors_);
   const fs::path base(dir);
   uint64_t done = 0;
-  FillBuffer buffer;
+  FillBuffers buffers;
   std::span<PendingTensor> all(tensors_);
 
   if (n_shards == 1 && !force_sharding_) {
     remove_if_present(base / kSafetensorsIndexName);
     MLA_RETURN_IF_ERROR(write_file((base / kSafetensorsSingleName).string(), all, metadata_, progress_, done, total,
-                                   buffer));
+                                   buffers));
     written_files_.push_back(kSafetensorsSingleName);
     return Status::ok();
   }
@@ -243,7 +261,7 @@ Status ShardedCheckpointWriter::write(const std::string& dir) {
   for (size_t s = 0; s < n_shards; ++s) {
     const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, n_shards);
     const auto shard = all.subspan(starts[s], starts[s + 1] - starts[s]);
-    MLA_RETURN_IF_ERROR(write_file((base / file).string(), shard, metadata_, progress_, done, total, buffer));
+    MLA_RETURN_IF_ERROR(write_file((base / file).string(), shard, metadata_, progress_, done, total, buffers));
     for (const auto& t : shard) weight_map[t.name] = file;
     names.push_back(file);
   }

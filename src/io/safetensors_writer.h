@@ -1,7 +1,8 @@
 // Streaming safetensors writers: the header is computed from names, dtypes and shapes alone, then
-// each tensor's bytes are produced by a caller callback into one reused buffer and written out, so
-// peak memory is the largest single tensor, never the model. Output is written to "<path>.tmp" and
-// renamed into place, so a failed write never leaves a truncated file under the final name.
+// each tensor's bytes are produced by a caller callback into one of two reused buffers and written
+// out by a helper thread while the next tensor is produced, so peak memory is two tensors, never
+// the model. Output is written to "<path>.tmp" and renamed into place, so a failed write never
+// leaves a truncated file under the final name.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,8 @@ namespace mla::io {
 // Fills a tensor's bytes (row-major, little-endian elements). The span is exactly the tensor's
 // size and zeroed on entry; it is only valid during the call.
 using TensorFill = std::function<void(std::span<uint8_t>)>;
-// Bytes of tensor data written so far and in total (over all files of one write() call).
+// Bytes of tensor data written so far and in total (over all files of one write() call). Called
+// from a writer thread, never concurrently with itself.
 using WriteProgress = std::function<void(uint64_t bytes_done, uint64_t bytes_total)>;
 
 struct PendingTensor {
@@ -41,7 +43,7 @@ class SafetensorsWriter {
   void set_progress(WriteProgress progress) { progress_ = std::move(progress); }
   uint64_t data_bytes() const;  // sum of the added tensors' sizes
 
-  // Writes the file; calls each fill exactly once, in add() order.
+  // Writes the file; calls each fill exactly once, in add() order, on the calling thread.
   Status write(const std::string& path);
 
  private:
