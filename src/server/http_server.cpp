@@ -136,7 +136,10 @@ struct Server::Impl {
   int64_t last_generated = -1;
   std::once_flag stop_once;
 
-  explicit Impl(ServerOptions o) : opt(std::move(o)) {}
+  explicit Impl(ServerOptions o) : opt(std::move(o)) {
+    // SSE deltas are small writes: under Nagle each waits for the client's delayed ACK (up to ~40 ms).
+    http.set_tcp_nodelay(true);
+  }
 
   // ---- responses ----
   void send_error(httplib::Response& res, const ApiError& e) {
