@@ -83,25 +83,38 @@ ServerPointStats server_point_stats(const ServerCounters& before, const ServerCo
   return s;
 }
 
+namespace {
+
+// The JSON name of each figure (vLLM bench's for the speculative ones) and the group it belongs to:
+// a group's figures are written only when the server reported its counters.
+struct JsonFigure {
+  const char* name;
+  double ServerPointStats::*value;
+  bool ServerPointStats::*present;
+};
+using S = ServerPointStats;
+constexpr JsonFigure kJsonFigures[] = {
+    {"engine_steps", &S::steps, &S::has_engine},
+    {"engine_forward_ms_per_step", &S::forward_ms_per_step, &S::has_engine},
+    {"engine_step_ms_per_step", &S::step_ms_per_step, &S::has_engine},
+    {"engine_host_overhead", &S::engine_host_overhead, &S::has_engine},
+    {"server_overhead", &S::server_overhead, &S::has_engine},
+    {"server_overhead_vs_engine_step", &S::server_overhead_vs_step, &S::has_engine},
+    {"spec_decode_num_drafts", &S::spec_num_drafts, &S::has_spec},
+    {"spec_decode_draft_tokens", &S::spec_draft_tokens, &S::has_spec},
+    {"spec_decode_accepted_tokens", &S::spec_accepted_tokens, &S::has_spec},
+    {"spec_decode_acceptance_rate", &S::spec_acceptance_rate, &S::has_spec},
+    {"spec_decode_acceptance_length", &S::spec_acceptance_length, &S::has_spec},
+};
+
+}  // namespace
+
 nlohmann::json server_stats_to_json(const ServerPointStats& s) {
   nlohmann::json j = nlohmann::json::object();
-  if (s.has_engine) {
-    j["engine_steps"] = s.steps;
-    j["engine_steps_are_decode_only"] = s.decode_steps_only;
-    j["engine_forward_ms_per_step"] = s.forward_ms_per_step;
-    j["engine_step_ms_per_step"] = s.step_ms_per_step;
-    j["engine_host_overhead"] = s.engine_host_overhead;
-    j["server_overhead"] = s.server_overhead;
-    j["server_overhead_vs_engine_step"] = s.server_overhead_vs_step;
-  }
-  if (s.has_spec) {
-    j["spec_decode_num_drafts"] = s.spec_num_drafts;
-    j["spec_decode_draft_tokens"] = s.spec_draft_tokens;
-    j["spec_decode_accepted_tokens"] = s.spec_accepted_tokens;
-    j["spec_decode_acceptance_rate"] = s.spec_acceptance_rate;
-    j["spec_decode_acceptance_length"] = s.spec_acceptance_length;
-    j["spec_decode_per_position_acceptance_rates"] = s.spec_per_position_acceptance_rates;
-  }
+  for (const JsonFigure& f : kJsonFigures)
+    if (s.*f.present) j[f.name] = s.*f.value;
+  if (s.has_engine) j["engine_steps_are_decode_only"] = s.decode_steps_only;
+  if (s.has_spec) j["spec_decode_per_position_acceptance_rates"] = s.spec_per_position_acceptance_rates;
   return j;
 }
 

@@ -52,6 +52,16 @@ float element_as_float(const void* base, DType t, int64_t i) {
   }
 }
 
+// The byte every poisoned output buffer is filled with: 0xFF (NaN for F32/BF16/F16) or kPoisonI32's.
+uint8_t poison_byte(DType t) { return t == DType::I32 ? uint8_t(kPoisonI32 & 0xFF) : uint8_t(0xFF); }
+static_assert(kPoisonI32 == 0x7F7F7F7F, "poison_byte assumes a poison of one repeated byte");
+
+int32_t word_at(const void* base, int64_t i) {
+  int32_t v;
+  std::memcpy(&v, static_cast<const char*>(base) + i * 4, 4);
+  return v;
+}
+
 // Element offsets (within the buffer) of every element of `v`, row-major over the view's shape.
 std::vector<int64_t> view_offsets(const TensorView& v, int64_t base) {
   std::vector<int64_t> out;
@@ -139,7 +149,7 @@ Twin twin_from_ints(const std::vector<int32_t>& values, std::initializer_list<in
 
 Twin twin_output(DType dtype, std::initializer_list<int64_t> shape) {
   Twin t = make_twin(dtype, shape);
-  std::memset(t.host_buf->data(), 0xFF, t.host_buf->size());
+  std::memset(t.host_buf->data(), poison_byte(dtype), t.host_buf->size());
   sync_to_device(t);
   return t;
 }
@@ -187,15 +197,44 @@ void make_twin_weight(TwinWeight& tw, std::mt19937& rng, WeightKind kind, int64_
   if (tw.host.w.scale.data) tw.gpu.scale = gpu_backend().place_weight(tw.host.w.scale);
 }
 
+std::unique_ptr<TwinBatch> make_twin_batch(std::mt19937& rng, const std::vector<SeqSpec>& seqs, int block_size) {
+  auto b = std::make_unique<TwinBatch>();
+  static_cast<PagedLayout&>(*b) = make_paged_layout(rng, seqs, block_size, 3);
+  if (b->block_ids.empty()) b->block_ids.push_back(0);  // a 0-length twin is not allocatable
+  const int64_t n = int64_t(seqs.size());
+  b->q_indptr_t = twin_from_ints(b->q_indptr, {n + 1});
+  b->kv_lens_t = twin_from_ints(b->kv_lens, {n});
+  b->block_indptr_t = twin_from_ints(b->block_indptr, {n + 1});
+  b->block_ids_t = twin_from_ints(b->block_ids, {int64_t(b->block_ids.size())});
+  b->slot_mapping_t = twin_from_ints(b->slot_mapping, {b->tokens});
+  for (bool on_gpu : {false, true})
+    (on_gpu ? b->gpu : b->cpu) =
+        attention_batch(*b, {pick(b->q_indptr_t, on_gpu), pick(b->kv_lens_t, on_gpu), pick(b->block_indptr_t, on_gpu),
+                             pick(b->block_ids_t, on_gpu), pick(b->slot_mapping_t, on_gpu)});
+  return b;
+}
+
+std::string seqs_name(const std::vector<SeqSpec>& seqs) {
+  std::string s;
+  for (const auto& q : seqs) s += fmt::format("{}{}/{}", s.empty() ? "" : ",", q.q_len, q.kv_len);
+  return s;
+}
+
 ::testing::AssertionResult check_parity(const std::string& op, const std::string& case_name, const Twin& out,
                                         const Tolerance& tol) {
+  std::vector<uint8_t> bytes(out.dev_buf->size());
+  gpu_backend().copy_to_host(bytes.data(), TensorView::contiguous(out.dev_buf->data(), DType::U8,
+                                                                  {int64_t(bytes.size())}));
+  const std::vector<int64_t> offsets = view_offsets(out.gpu, out.offset());
   const std::vector<float> ref = cpu_values(out), got = gpu_values(out);
   Row row{op, case_name};
   size_t bad = 0, first = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     bool ok;
     if (out.cpu.dtype == DType::I32) {
-      ok = got[i] == ref[i] && got[i] != -1.0f;
+      // Raw words, not the float copies: exact beyond 2^24, and an unwritten element is the poison.
+      const int32_t g = word_at(bytes.data(), offsets[i]), c = word_at(out.host_buf->data(), offsets[i]);
+      ok = g == c && g != kPoisonI32;
     } else {
       const double bound = tol.atol + tol.rtol * std::fabs(double(ref[i]));
       const double err = std::fabs(double(got[i]) - double(ref[i]));
@@ -205,18 +244,19 @@ void make_twin_weight(TwinWeight& tw, std::mt19937& rng, WeightKind kind, int64_
     if (!ok && bad++ == 0) first = i;
   }
   // Bytes of the buffer outside the view must still be poison (no stray writes).
-  std::vector<uint8_t> bytes(out.dev_buf->size());
-  gpu_backend().copy_to_host(bytes.data(), TensorView::contiguous(out.dev_buf->data(), DType::U8,
-                                                                  {int64_t(bytes.size())}));
   std::vector<uint8_t> inside(bytes.size(), 0);
   const size_t es = dtype_size(out.gpu.dtype);
-  for (int64_t off : view_offsets(out.gpu, out.offset()))
-    std::memset(inside.data() + size_t(off) * es, 1, es);
+  for (int64_t off : offsets) std::memset(inside.data() + size_t(off) * es, 1, es);
+  const uint8_t poison = poison_byte(out.gpu.dtype);
   size_t stray = 0;
-  for (size_t i = 0; i < bytes.size(); ++i) stray += !inside[i] && bytes[i] != 0xFF;
+  for (size_t i = 0; i < bytes.size(); ++i) stray += !inside[i] && bytes[i] != poison;
 
   row.pass = bad == 0 && stray == 0;
-  if (bad) {
+  if (bad && out.cpu.dtype == DType::I32) {
+    row.detail = fmt::format("{} of {} off; first [{}] gpu {} cpu {} (poison {})", bad, ref.size(), first,
+                             word_at(bytes.data(), offsets[first]), word_at(out.host_buf->data(), offsets[first]),
+                             kPoisonI32);
+  } else if (bad) {
     row.detail = fmt::format("{} of {} off; first [{}] gpu {} cpu {}", bad, ref.size(), first, got[first], ref[first]);
   } else if (stray) {
     row.detail = fmt::format("{} bytes written outside the output view", stray);

@@ -1,7 +1,7 @@
 // The one parity harness (STYLE 1-2, ARCHITECTURE rule 2): every GPU op is run against the CPU
-// reference on the same fresh random inputs. Outputs are poisoned before each run (0xFF bytes: NaN for
-// floats, -1 for ints), every element of the output view must be written and within tolerance, and
-// every byte of the output buffer outside the view must still hold the poison. Each comparison is a
+// reference on the same fresh random inputs. Outputs are poisoned before each run (0xFF bytes, NaN, for
+// floats; kPoisonI32 for ints), every element of the output view must be written and within tolerance,
+// and every byte of the output buffer outside the view must still hold the poison. Each comparison is a
 // row of the summary table printed at exit.
 #pragma once
 
@@ -23,6 +23,11 @@ namespace mla::test {
 ops::Backend& cpu_backend();
 ops::Backend& gpu_backend();
 
+// The I32 poison: a value no op writes (ids are in [0, V) or [0, E), counts in [0, K+1], and
+// speculative_verify pads with -1, so -1 would hide a missed write). Every byte is 0x7F, so the
+// outside-the-view check stays a byte compare.
+inline constexpr int32_t kPoisonI32 = 0x7F7F7F7F;
+
 // A tensor with the same bytes on both backends. `cpu` and `gpu` are views of equal layout into the
 // two buffers (a slice of a Twin is a Twin of the same buffers).
 struct Twin {
@@ -40,8 +45,8 @@ Twin twin_random(std::mt19937& rng, DType dtype, std::initializer_list<int64_t> 
                  float hi = 1.0f);
 Twin twin_from_floats(const std::vector<float>& values, std::initializer_list<int64_t> shape);
 Twin twin_from_ints(const std::vector<int32_t>& values, std::initializer_list<int64_t> shape);
-// An output: both buffers filled with 0xFF bytes (NaN / -1). `shape` may be a larger buffer that the
-// test slices; the untouched remainder is checked to stay poisoned.
+// An output: both buffers poisoned (0xFF bytes: NaN for floats; kPoisonI32 for I32). `shape` may be a
+// larger buffer that the test slices; the untouched remainder is checked to stay poisoned.
 Twin twin_output(DType dtype, std::initializer_list<int64_t> shape);
 // Copies the host buffer to the device again (after a CPU op wrote an input both must see).
 void sync_to_device(const Twin& t);
@@ -66,8 +71,9 @@ struct Tolerance {
   std::string basis;
 };
 
-// Compares the output view element by element (F32 within `tol`; I32 exactly), checks poison outside
-// the view, records one summary row, and returns the verdict for EXPECT_TRUE.
+// Compares the output view element by element (floats within `tol`, and written: not NaN; I32 exactly,
+// and not kPoisonI32), checks poison outside the view, records one summary row, and returns the
+// verdict for EXPECT_TRUE.
 ::testing::AssertionResult check_parity(const std::string& op, const std::string& case_name, const Twin& out,
                                         const Tolerance& tol);
 
@@ -81,5 +87,16 @@ template <typename Fn> void run_both(Fn&& fn) {
 // Picks the view of a twin for the backend being run (`on_gpu` from run_both).
 inline const TensorView& pick(const Twin& t, bool on_gpu) { return on_gpu ? t.gpu : t.cpu; }
 inline const ops::Weight& pick(const TwinWeight& w, bool on_gpu) { return on_gpu ? w.gpu : w.cpu; }
+
+// An attention step's batch on both backends: the block tables of make_paged_layout (three blocks
+// nobody owns) and twins of its arrays. Heap-held: the host mirrors point into the layout's vectors.
+struct TwinBatch : PagedLayout {
+  Twin q_indptr_t, kv_lens_t, block_indptr_t, block_ids_t, slot_mapping_t;
+  ops::AttentionBatch cpu, gpu;
+};
+std::unique_ptr<TwinBatch> make_twin_batch(std::mt19937& rng, const std::vector<SeqSpec>& seqs, int block_size);
+inline const ops::AttentionBatch& pick(const TwinBatch& b, bool on_gpu) { return on_gpu ? b.gpu : b.cpu; }
+// "q_len/kv_len,..." for case names.
+std::string seqs_name(const std::vector<SeqSpec>& seqs);
 
 }  // namespace mla::test

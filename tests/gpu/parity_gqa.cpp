@@ -15,68 +15,15 @@
 namespace mla::test {
 namespace {
 
-struct SeqSpec {
-  int32_t q_len, kv_len;
-};
-
-// A step's batch on both backends. Heap-held (the host spans point into the vectors).
-struct GqaBatch {
-  std::vector<int32_t> q_indptr{0}, kv_lens, block_indptr{0}, block_ids, slots;
-  int64_t tokens = 0, num_blocks = 0;
-  Twin q_indptr_t, kv_lens_t, block_indptr_t, block_ids_t, slots_t;
-  ops::AttentionBatch cpu, gpu;
-};
-
-std::unique_ptr<GqaBatch> make_batch(std::mt19937& rng, const std::vector<SeqSpec>& seqs, int block_size) {
-  auto b = std::make_unique<GqaBatch>();
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    b->q_indptr.push_back(b->q_indptr.back() + seqs[s].q_len);
-    b->kv_lens.push_back(seqs[s].kv_len);
-    b->block_indptr.push_back(b->block_indptr.back() + (seqs[s].kv_len + block_size - 1) / block_size + int32_t(s % 2));
-  }
-  b->tokens = b->q_indptr.back();
-  b->num_blocks = b->block_indptr.back() + 3;  // three blocks nobody owns
-  std::vector<int32_t> perm(size_t(b->num_blocks));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  b->block_ids.assign(perm.begin(), perm.begin() + b->block_indptr.back());
-  for (size_t s = 0; s < seqs.size(); ++s)
-    for (int32_t p = seqs[s].kv_len - seqs[s].q_len; p < seqs[s].kv_len; ++p)
-      b->slots.push_back(b->block_ids[size_t(b->block_indptr[s] + p / block_size)] * block_size + p % block_size);
-  const int64_t n = int64_t(seqs.size());
-  b->q_indptr_t = twin_from_ints(b->q_indptr, {n + 1});
-  b->kv_lens_t = twin_from_ints(b->kv_lens, {n});
-  b->block_indptr_t = twin_from_ints(b->block_indptr, {n + 1});
-  b->block_ids_t = twin_from_ints(b->block_ids, {int64_t(b->block_ids.size())});
-  b->slots_t = twin_from_ints(b->slots, {b->tokens});
-  for (bool on_gpu : {false, true}) {
-    ops::AttentionBatch& ab = on_gpu ? b->gpu : b->cpu;
-    ab.num_seqs = int(n);
-    ab.block_size = block_size;
-    ab.q_indptr = pick(b->q_indptr_t, on_gpu);
-    ab.kv_lens = pick(b->kv_lens_t, on_gpu);
-    ab.block_indptr = pick(b->block_indptr_t, on_gpu);
-    ab.block_ids = pick(b->block_ids_t, on_gpu);
-    ab.slot_mapping = pick(b->slots_t, on_gpu);
-    ab.host_q_indptr = b->q_indptr;
-    ab.host_kv_lens = b->kv_lens;
-    ab.host_block_indptr = b->block_indptr;
-    ab.host_block_ids = b->block_ids;
-  }
-  return b;
-}
-
-const ops::AttentionBatch& pick(const GqaBatch& b, bool on_gpu) { return on_gpu ? b.gpu : b.cpu; }
-
 ops::GqaDims gqa_dims(int heads, int kv_heads, int head_dim) {
   return ops::GqaDims{heads, kv_heads, head_dim, float(1.0 / std::sqrt(double(head_dim)))};
 }
 
 // A random cache whose step slots are then written by gqa_cache_write on each backend from k and v,
 // column slices of one wider row (strided rows).
-Twin make_cache(std::mt19937& rng, const GqaBatch& b, DType dtype, int block_size, const ops::GqaDims& d) {
+Twin make_cache(std::mt19937& rng, const TwinBatch& b, DType dtype, const ops::GqaDims& d) {
   const int64_t width = int64_t(d.num_kv_heads) * d.head_dim;
-  Twin cache = twin_random(rng, dtype, {b.num_blocks, block_size, 2 * width});
+  Twin cache = twin_random(rng, dtype, {b.num_blocks, b.block_size, 2 * width});
   Twin kv = twin_random(rng, DType::F32, {b.tokens, 2 * width + 3});
   Twin k = kv.slice(1, 0, width), v = kv.slice(1, width + 3, width);
   run_both([&](ops::Backend& be, bool g) {
@@ -85,20 +32,14 @@ Twin make_cache(std::mt19937& rng, const GqaBatch& b, DType dtype, int block_siz
   return cache;
 }
 
-std::string seqs_name(const std::vector<SeqSpec>& seqs) {
-  std::string s;
-  for (const auto& q : seqs) s += fmt::format("{}{}/{}", s.empty() ? "" : ",", q.q_len, q.kv_len);
-  return s;
-}
-
 TEST(GpuParityGqa, CacheWrite) {
   std::mt19937 rng(801);
   for (DType dtype : {DType::F32, DType::BF16})
     for (const ops::GqaDims& d : {gqa_dims(1, 1, 64), gqa_dims(8, 2, 128), gqa_dims(12, 3, 70)}) {
-      auto b = make_batch(rng, {{5, 21}, {1, 40}, {17, 17}, {1, 1}, {13, 301}}, 16);
+      auto b = make_twin_batch(rng, {{5, 21}, {1, 40}, {17, 17}, {1, 1}, {13, 301}}, 16);
       // Untouched slots keep their shared random bytes, so an exact compare of the whole cache also
       // catches a write to a wrong slot or half.
-      Twin cache = make_cache(rng, *b, dtype, 16, d);
+      Twin cache = make_cache(rng, *b, dtype, d);
       EXPECT_TRUE(check_parity("gqa_cache_write", fmt::format("{} KVH {} D {} T {}", dtype_name(dtype), d.num_kv_heads,
                                                               d.head_dim, b->tokens),
                                cache, Tolerance{0, 0, "a copy (bf16: the same RNE rounding)"}));
@@ -119,8 +60,8 @@ TEST(GpuParityGqa, AttentionHeadLayoutsAndRaggedBatches) {
     for (const auto& hk : layouts)
       for (int head_dim : {64, 128}) {
         const ops::GqaDims d = gqa_dims(hk[0], hk[1], head_dim);
-        auto b = make_batch(rng, seqs, 16);
-        Twin cache = make_cache(rng, *b, dtype, 16, d);
+        auto b = make_twin_batch(rng, seqs, 16);
+        Twin cache = make_cache(rng, *b, dtype, d);
         const int64_t width = int64_t(d.num_heads) * head_dim;
         Twin q = twin_random(rng, DType::F32, {b->tokens, width + 5}).slice(1, 0, width);
         Twin out = twin_output(DType::F32, {b->tokens, width + 7}).slice(1, 3, width);
@@ -138,8 +79,8 @@ TEST(GpuParityGqa, AttentionOddHeadDimAndBlockSize) {
   // D = 70 (not a multiple of the warp or of 32), block size 7, T = 1 decode of a single sequence.
   for (const std::vector<SeqSpec>& seqs : {std::vector<SeqSpec>{{1, 50}}, std::vector<SeqSpec>{{1, 3}, {5, 12}}}) {
     const ops::GqaDims d = gqa_dims(6, 3, 70);
-    auto b = make_batch(rng, seqs, 7);
-    Twin cache = make_cache(rng, *b, DType::BF16, 7, d);
+    auto b = make_twin_batch(rng, seqs, 7);
+    Twin cache = make_cache(rng, *b, DType::BF16, d);
     Twin q = twin_random(rng, DType::F32, {b->tokens, 6 * 70});
     Twin out = twin_output(DType::F32, {b->tokens, 6 * 70});
     run_both([&](ops::Backend& be, bool g) {

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <numeric>
 
 #include "backend/gpu/gpu_backend.h"
 #include "backend/gpu/gpu_mla.h"
@@ -16,67 +15,9 @@
 namespace mla::test {
 namespace {
 
-struct SeqSpec {
-  int32_t q_len, kv_len;
-};
-
-// A step's batch on both backends. Heap-held (the host spans point into the vectors).
-struct MlaBatch {
-  std::vector<int32_t> q_indptr{0}, kv_lens, block_indptr{0}, block_ids, slots;
-  int64_t tokens = 0, num_blocks = 0;
-  int block_size = 0;
-  Twin q_indptr_t, kv_lens_t, block_indptr_t, block_ids_t, slots_t;
-  ops::AttentionBatch cpu, gpu;
-};
-
-std::unique_ptr<MlaBatch> make_mla_batch(std::mt19937& rng, const std::vector<SeqSpec>& seqs, int block_size) {
-  auto b = std::make_unique<MlaBatch>();
-  b->block_size = block_size;
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    b->q_indptr.push_back(b->q_indptr.back() + seqs[s].q_len);
-    b->kv_lens.push_back(seqs[s].kv_len);
-    // Every other sequence owns a spare block past its need (tables may be longer than kv_len).
-    const int32_t blocks = (seqs[s].kv_len + block_size - 1) / block_size + int32_t(s % 2);
-    b->block_indptr.push_back(b->block_indptr.back() + blocks);
-  }
-  b->tokens = b->q_indptr.back();
-  b->num_blocks = b->block_indptr.back() + 3;  // three blocks nobody owns
-  std::vector<int32_t> perm(size_t(b->num_blocks));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  b->block_ids.assign(perm.begin(), perm.begin() + b->block_indptr.back());
-  if (b->block_ids.empty()) b->block_ids.push_back(0);  // a 0-length twin is not allocatable
-  for (size_t s = 0; s < seqs.size(); ++s)
-    for (int32_t p = seqs[s].kv_len - seqs[s].q_len; p < seqs[s].kv_len; ++p)
-      b->slots.push_back(b->block_ids[size_t(b->block_indptr[s] + p / block_size)] * block_size + p % block_size);
-  const int64_t n = int64_t(seqs.size());
-  b->q_indptr_t = twin_from_ints(b->q_indptr, {n + 1});
-  b->kv_lens_t = twin_from_ints(b->kv_lens, {n});
-  b->block_indptr_t = twin_from_ints(b->block_indptr, {n + 1});
-  b->block_ids_t = twin_from_ints(b->block_ids, {int64_t(b->block_ids.size())});
-  b->slots_t = twin_from_ints(b->slots, {b->tokens});
-  for (bool on_gpu : {false, true}) {
-    ops::AttentionBatch& ab = on_gpu ? b->gpu : b->cpu;
-    ab.num_seqs = int(n);
-    ab.block_size = block_size;
-    ab.q_indptr = pick(b->q_indptr_t, on_gpu);
-    ab.kv_lens = pick(b->kv_lens_t, on_gpu);
-    ab.block_indptr = pick(b->block_indptr_t, on_gpu);
-    ab.block_ids = pick(b->block_ids_t, on_gpu);
-    ab.slot_mapping = pick(b->slots_t, on_gpu);
-    ab.host_q_indptr = b->q_indptr;
-    ab.host_kv_lens = b->kv_lens;
-    ab.host_block_indptr = b->block_indptr;
-    ab.host_block_ids = b->block_ids;
-  }
-  return b;
-}
-
-const ops::AttentionBatch& pick(const MlaBatch& b, bool on_gpu) { return on_gpu ? b.gpu : b.cpu; }
-
 // A random cache (every slot random, identical on both sides) whose new-token slots are then written
 // by kv_cache_write on each backend from strided latent rows.
-Twin make_cache(std::mt19937& rng, const MlaBatch& b, DType dtype, int64_t kv_dim) {
+Twin make_cache(std::mt19937& rng, const TwinBatch& b, DType dtype, int64_t kv_dim) {
   Twin cache = twin_random(rng, dtype, {b.num_blocks, b.block_size, kv_dim});
   if (b.tokens == 0) return cache;
   Twin latent = twin_random(rng, DType::F32, {b.tokens, kv_dim + 5}).slice(1, 0, kv_dim);
@@ -96,19 +37,13 @@ ops::MlaDims mla_dims(int heads, int d_n, int d_r, int d_v, int rank) {
 }
 ops::MlaDims real_dims(int heads) { return mla_dims(heads, 128, 64, 128, 512); }
 
-std::string seqs_name(const std::vector<SeqSpec>& seqs) {
-  std::string s;
-  for (const auto& q : seqs) s += fmt::format("{}{}/{}", s.empty() ? "" : ",", q.q_len, q.kv_len);
-  return s;
-}
-
 // ---- kv_cache_write ------------------------------------------------------------------------------
 
 TEST(GpuParityMla, KvCacheWrite) {
   std::mt19937 rng(301);
   for (DType dtype : {DType::F32, DType::BF16})
     for (int64_t kv_dim : {int64_t(40), int64_t(576)}) {
-      auto b = make_mla_batch(rng, {{5, 21}, {1, 40}, {17, 17}, {1, 1}, {13, 301}}, 16);
+      auto b = make_twin_batch(rng, {{5, 21}, {1, 40}, {17, 17}, {1, 1}, {13, 301}}, 16);
       // Untouched slots keep their (shared) random bytes, so comparing the whole cache exactly also
       // catches a write to a wrong slot. BF16: both round with RNE from the same fp32: exact.
       Twin cache = make_cache(rng, *b, dtype, kv_dim);
@@ -159,7 +94,7 @@ TEST(GpuParityMla, AbsorbQAndExpandV) {
 const Tolerance kAttnTol{1e-5, 1e-5, "fp32 dots and online softmax, other order"};
 
 // Runs absorbed attention on both backends (the GPU through `path`); returns the output twin.
-Twin run_absorbed(std::mt19937& rng, const MlaBatch& b, const Twin& cache, const ops::MlaDims& d,
+Twin run_absorbed(std::mt19937& rng, const TwinBatch& b, const Twin& cache, const ops::MlaDims& d,
                   gpu::MlaAttnPath path) {
   const int64_t heads = d.num_heads, kv_dim = d.kv_dim(), r = d.kv_lora_rank;
   Twin q = twin_random(rng, DType::F32, {b.tokens, heads, kv_dim + 4}).slice(2, 0, kv_dim);
@@ -183,7 +118,7 @@ TEST(GpuParityMla, AbsorbedGenericHeadSweepF32Cache) {
   std::mt19937 rng(303);
   const std::vector<SeqSpec> seqs = {{1, 2999}, {5, 37}, {1, 1}, {3, 16}, {0, 9}, {1, 700}, {11, 1034}};
   for (int heads : {1, 7, 8, 12, 16, 20, 64, 128}) {
-    auto b = make_mla_batch(rng, seqs, 16);
+    auto b = make_twin_batch(rng, seqs, 16);
     const ops::MlaDims d = real_dims(heads);
     Twin cache = make_cache(rng, *b, DType::F32, d.kv_dim());
     Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Generic);
@@ -198,7 +133,7 @@ TEST(GpuParityMla, AbsorbedGenericOddDimsAndBf16Cache) {
   for (DType dtype : {DType::F32, DType::BF16})
     for (int heads : {1, 9, 20}) {
       const std::vector<SeqSpec> seqs = {{1, 50}, {19, 19}, {2, 130}, {1, 3}};
-      auto b = make_mla_batch(rng, seqs, 7);
+      auto b = make_twin_batch(rng, seqs, 7);
       const ops::MlaDims d = mla_dims(heads, 16, 9, 16, 32);
       Twin cache = make_cache(rng, *b, dtype, d.kv_dim());
       Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Generic);
@@ -207,7 +142,7 @@ TEST(GpuParityMla, AbsorbedGenericOddDimsAndBf16Cache) {
     }
   // The real geometry over a BF16 cache through the generic path stays fp32-tight.
   const std::vector<SeqSpec> seqs = {{1, 2500}, {4, 100}, {1, 65}};
-  auto b = make_mla_batch(rng, seqs, 64);
+  auto b = make_twin_batch(rng, seqs, 64);
   const ops::MlaDims d = real_dims(128);
   Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
   Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Generic);
@@ -218,7 +153,7 @@ TEST(GpuParityMla, AbsorbedAutoEveryHeadCountBf16Cache) {
   std::mt19937 rng(305);
   const std::vector<SeqSpec> seqs = {{1, 40}, {1, 1}, {1, 129}, {1, 64}};
   for (int heads = 1; heads <= 128; ++heads) {
-    auto b = make_mla_batch(rng, seqs, 64);
+    auto b = make_twin_batch(rng, seqs, 64);
     const ops::MlaDims d = real_dims(heads);
     Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
     Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Auto);
@@ -235,7 +170,7 @@ TEST(GpuParityMla, AbsorbedTensorCoreLongContextAndMixed) {
     for (const std::vector<SeqSpec>& seqs : std::vector<std::vector<SeqSpec>>{
              {{1, 2999}, {1, 1}, {1, 1025}, {1, 640}},  // decode only
              {{1, 3000}, {6, 70}, {1, 5}, {17, 17}}}) {  // decode rows and prefill chunks
-      auto b = make_mla_batch(rng, seqs, 64);
+      auto b = make_twin_batch(rng, seqs, 64);
       const ops::MlaDims d = real_dims(heads);
       Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
       Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::TensorCore);
@@ -251,7 +186,7 @@ TEST(GpuParityMla, AbsorbedTensorCoreLongContextAndMixed) {
 // e.g. one in GemmPrecision::Bf16); `tol` null = tc_tolerance of the output.
 void naive_case_on(ops::Backend& gpu_be, std::mt19937& rng, const ops::MlaDims& d, const std::vector<SeqSpec>& seqs,
                    DType cache_dtype, int block_size, const Tolerance* tol, const std::string& tag) {
-  auto b = make_mla_batch(rng, seqs, block_size);
+  auto b = make_twin_batch(rng, seqs, block_size);
   const int64_t heads = d.num_heads, dqk = d.qk_nope_head_dim + d.qk_rope_head_dim, dv = d.v_head_dim;
   Twin cache = make_cache(rng, *b, cache_dtype, d.kv_dim());
   TwinWeight kv_b;

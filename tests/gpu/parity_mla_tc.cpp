@@ -4,7 +4,6 @@
 // q/out views, and both the split-KV (workspace + combine) and the single-split launch.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "backend/gpu/gpu_mla_decode_tc.h"
 #include "gpu/parity.h"
@@ -12,28 +11,10 @@
 namespace mla::test {
 namespace {
 
-struct TcSeq {
-  int32_t q_len, kv_len;
-};
-
 // One call: batch arrays on both sides, a random BF16 cache, random q, poisoned out.
-void tc_case(std::mt19937& rng, int heads, const std::vector<TcSeq>& seqs, int block_size, bool strided) {
-  std::vector<int32_t> q_indptr{0}, kv_lens, block_indptr{0};
-  for (size_t s = 0; s < seqs.size(); ++s) {
-    q_indptr.push_back(q_indptr.back() + seqs[s].q_len);
-    kv_lens.push_back(seqs[s].kv_len);
-    // Every other sequence owns a spare block past its need.
-    block_indptr.push_back(block_indptr.back() + (seqs[s].kv_len + block_size - 1) / block_size + int32_t(s % 2));
-  }
-  const int64_t tokens = q_indptr.back(), num_blocks = block_indptr.back() + 3;
-  std::vector<int32_t> block_ids(static_cast<size_t>(num_blocks));
-  std::iota(block_ids.begin(), block_ids.end(), 0);
-  std::shuffle(block_ids.begin(), block_ids.end(), rng);
-  block_ids.resize(size_t(std::max(block_indptr.back(), 1)));
-  const int64_t n = int64_t(seqs.size());
-  Twin q_indptr_t = twin_from_ints(q_indptr, {n + 1}), kv_lens_t = twin_from_ints(kv_lens, {n});
-  Twin block_indptr_t = twin_from_ints(block_indptr, {n + 1});
-  Twin block_ids_t = twin_from_ints(block_ids, {int64_t(block_ids.size())});
+void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int block_size, bool strided) {
+  auto b = make_twin_batch(rng, seqs, block_size);
+  const int64_t n = int64_t(seqs.size()), tokens = b->tokens, num_blocks = b->num_blocks;
 
   ops::MlaDims d;
   d.num_heads = heads;
@@ -47,18 +28,7 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<TcSeq>& seqs, int b
   Twin q = twin_random(rng, DType::F32, {tokens, heads, kv_dim + pad}).slice(2, 0, kv_dim);
   Twin out = twin_output(DType::F32, {tokens, heads, r + pad}).slice(2, 0, r);
 
-  ops::AttentionBatch cb;
-  cb.num_seqs = int(n);
-  cb.block_size = block_size;
-  cb.q_indptr = q_indptr_t.cpu;
-  cb.kv_lens = kv_lens_t.cpu;
-  cb.block_indptr = block_indptr_t.cpu;
-  cb.block_ids = block_ids_t.cpu;
-  cb.host_q_indptr = q_indptr;
-  cb.host_kv_lens = kv_lens;
-  cb.host_block_indptr = block_indptr;
-  cb.host_block_ids = block_ids;
-  cpu_backend().mla_attention_absorbed(q.cpu, cache.cpu, cb, d, out.cpu);
+  cpu_backend().mla_attention_absorbed(q.cpu, cache.cpu, b->cpu, d, out.cpu);
 
   gpu::MlaDecodeTcArgs a;
   a.q = q.gpu.as<const float>();
@@ -66,10 +36,10 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<TcSeq>& seqs, int b
   a.q_head_stride = q.gpu.stride[1];
   a.cache = cache.gpu.as<const uint16_t>();
   a.block_size = block_size;
-  a.q_indptr = q_indptr_t.gpu.as<const int32_t>();
-  a.kv_lens = kv_lens_t.gpu.as<const int32_t>();
-  a.block_indptr = block_indptr_t.gpu.as<const int32_t>();
-  a.block_ids = block_ids_t.gpu.as<const int32_t>();
+  a.q_indptr = b->q_indptr_t.gpu.as<const int32_t>();
+  a.kv_lens = b->kv_lens_t.gpu.as<const int32_t>();
+  a.block_indptr = b->block_indptr_t.gpu.as<const int32_t>();
+  a.block_ids = b->block_ids_t.gpu.as<const int32_t>();
   a.num_seqs = int(n);
   a.num_tokens = int(tokens);
   a.num_heads = heads;
@@ -93,7 +63,7 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<TcSeq>& seqs, int b
   float big = 0.0f;
   for (float v : cpu_values(out)) big = std::max(big, std::fabs(v));
   std::string name = fmt::format("H {} bs {} {} ws {} seqs", heads, block_size, strided ? "strided" : "dense", ws_bytes);
-  for (const TcSeq& s : seqs) name += fmt::format(" {}/{}", s.q_len, s.kv_len);
+  for (const SeqSpec& s : seqs) name += fmt::format(" {}/{}", s.q_len, s.kv_len);
   EXPECT_TRUE(check_parity("mla_decode_tc", name, out,
                            Tolerance{8e-3 * double(big), 0, "bf16 q and P in fp32-accumulating MMAs: 2^-7 of max|out|"}));
 }
@@ -107,7 +77,7 @@ TEST(GpuParityMlaTc, HeadsQLensContexts) {
     for (int q_len : {1, 3})
       for (int block_size : {16, 64}) {
         // Contexts 1 (or q_len), 63, 64, 65 straddle the 64-key tile; 4097 is 64 tiles plus one key.
-        std::vector<TcSeq> seqs;
+        std::vector<SeqSpec> seqs;
         for (int ctx : {q_len, 63, 64, 65, 4097}) seqs.push_back({q_len, ctx});
         tc_case(rng, heads, seqs, block_size, block_size == 16);
       }
@@ -125,7 +95,7 @@ TEST(GpuParityMlaTc, WideBatchAndEmptySequences) {
   if (!tc_available()) GTEST_SKIP() << "no tensor-core MLA decode on this device";
   std::mt19937 rng(403);
   // 60 tokens x 8 head tiles fill the GPU: one split, the kernel writes out directly (ws 0 on H200).
-  std::vector<TcSeq> wide;
+  std::vector<SeqSpec> wide;
   for (int i = 0; i < 40; ++i) wide.push_back({1 + i % 2, 2 + (i * 97) % 700});
   tc_case(rng, 128, wide, 64, true);
   // Sequences with no query rows sit between the ones that have them.

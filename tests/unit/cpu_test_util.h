@@ -1,6 +1,7 @@
-// Shared scaffolding of the CPU backend tests: random inputs, NaN poisoning, element-wise comparison
-// against double-precision references, and quantized weight builders that follow the packing rules of
-// ops/weight.h independently (only dequantize_rows and the scalar dtype conversions are shared).
+// Shared scaffolding of the CPU backend tests (and, through tests/gpu/parity.h, the GPU parity tests):
+// random inputs, NaN poisoning, element-wise comparison against double-precision references, quantized
+// weight builders that follow the packing rules of ops/weight.h independently (only dequantize_rows and
+// the scalar dtype conversions are shared), and the paged block tables of an attention step.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,12 +11,14 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "ops/backend.h"
 #include "ops/weight.h"
 
 namespace mla::test {
@@ -158,6 +161,100 @@ inline TensorView view_of(std::vector<float>& v, std::initializer_list<int64_t> 
 }
 inline TensorView view_of(std::vector<int32_t>& v, std::initializer_list<int64_t> dims) {
   return TensorView::contiguous(v.data(), DType::I32, dims);
+}
+
+// ---- paged attention steps ----------------------------------------------------------------------
+
+// One sequence of an attention step: q_len new tokens at the end of kv_len cached ones (q_len <= kv_len).
+struct SeqSpec {
+  int32_t q_len, kv_len;
+};
+
+// The block tables of one attention step, on the host: query rows in sequence order; block ids
+// shuffled over num_blocks, so no table is contiguous; every other sequence owns one spare block past
+// its need (tables may be longer than kv_len); `unowned_blocks` blocks belong to nobody; slot_mapping
+// holds the new tokens' slots.
+struct PagedLayout {
+  std::vector<SeqSpec> seqs;
+  int32_t block_size = 0;
+  int64_t tokens = 0, num_blocks = 0;
+  std::vector<int32_t> q_indptr{0}, kv_lens, block_indptr{0}, block_ids, slot_mapping;
+
+  int64_t slot_of(size_t s, int64_t pos) const {
+    return int64_t(block_ids[size_t(block_indptr[s] + pos / block_size)]) * block_size + pos % block_size;
+  }
+};
+
+// Draws only the shuffle from `rng`.
+inline PagedLayout make_paged_layout(std::mt19937& rng, std::vector<SeqSpec> seqs, int32_t block_size,
+                                     int32_t unowned_blocks) {
+  PagedLayout l;
+  l.seqs = std::move(seqs);
+  l.block_size = block_size;
+  for (size_t s = 0; s < l.seqs.size(); ++s) {
+    l.q_indptr.push_back(l.q_indptr.back() + l.seqs[s].q_len);
+    l.kv_lens.push_back(l.seqs[s].kv_len);
+    l.block_indptr.push_back(l.block_indptr.back() + (l.seqs[s].kv_len + block_size - 1) / block_size +
+                             int32_t(s % 2));
+  }
+  l.tokens = l.q_indptr.back();
+  l.num_blocks = l.block_indptr.back() + unowned_blocks;
+  std::vector<int32_t> perm(static_cast<size_t>(l.num_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  l.block_ids.assign(perm.begin(), perm.begin() + l.block_indptr.back());
+  for (size_t s = 0; s < l.seqs.size(); ++s)
+    for (int64_t p = l.seqs[s].kv_len - l.seqs[s].q_len; p < l.seqs[s].kv_len; ++p)
+      l.slot_mapping.push_back(int32_t(l.slot_of(s, p)));
+  return l;
+}
+
+// Views of a layout's arrays on the backend that reads them.
+struct LayoutViews {
+  TensorView q_indptr, kv_lens, block_indptr, block_ids, slot_mapping;
+};
+
+// The AttentionBatch of `l` over `v`. Its host mirrors are spans of l's vectors: `l` may be moved
+// (vectors keep their storage) but not copied or changed in size while the batch is in use.
+inline ops::AttentionBatch attention_batch(const PagedLayout& l, const LayoutViews& v) {
+  return ops::AttentionBatch{.num_seqs = int(l.seqs.size()), .block_size = l.block_size, .q_indptr = v.q_indptr,
+                             .kv_lens = v.kv_lens, .block_indptr = v.block_indptr, .block_ids = v.block_ids,
+                             .slot_mapping = v.slot_mapping, .host_q_indptr = l.q_indptr, .host_kv_lens = l.kv_lens,
+                             .host_block_indptr = l.block_indptr, .host_block_ids = l.block_ids};
+}
+
+// A host F32 paged cache of `row_width` floats per slot over a layout, and the batch that views the
+// layout's own vectors (what the CPU backend reads). Each sequence's first kv_len - q_len positions
+// hold random rows in [-1, 1); every other slot is NaN, so a read past kv_len or into another
+// sequence's blocks shows. Move-only: `batch` points into this object's vectors.
+struct PagedCache : PagedLayout {
+  int64_t row_width = 0;
+  std::vector<float> cache;  // [num_blocks, block_size, row_width]
+  ops::AttentionBatch batch;
+
+  PagedCache() = default;
+  PagedCache(PagedCache&&) = default;
+  PagedCache& operator=(PagedCache&&) = default;
+
+  const float* row(size_t s, int64_t pos) const { return cache.data() + slot_of(s, pos) * row_width; }
+  TensorView cache_view() { return view_of(cache, {num_blocks, block_size, row_width}); }
+};
+
+inline PagedCache make_paged_cache(std::mt19937& rng, int64_t row_width, std::vector<SeqSpec> seqs,
+                                   int32_t block_size, int32_t unowned_blocks) {
+  PagedCache c;
+  static_cast<PagedLayout&>(c) = make_paged_layout(rng, std::move(seqs), block_size, unowned_blocks);
+  c.row_width = row_width;
+  c.cache = nan_filled(size_t(c.num_blocks * block_size * row_width));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (size_t s = 0; s < c.seqs.size(); ++s)
+    for (int64_t p = 0; p < c.seqs[s].kv_len - c.seqs[s].q_len; ++p)
+      for (int64_t i = 0; i < row_width; ++i) c.cache[size_t(c.slot_of(s, p) * row_width + i)] = dist(rng);
+  const int64_t n = int64_t(c.seqs.size());
+  c.batch = attention_batch(c, {view_of(c.q_indptr, {n + 1}), view_of(c.kv_lens, {n}), view_of(c.block_indptr, {n + 1}),
+                                view_of(c.block_ids, {int64_t(c.block_ids.size())}),
+                                view_of(c.slot_mapping, {c.tokens})});
+  return c;
 }
 
 }  // namespace mla::test

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
 #include "unit/cpu_test_util.h"
@@ -19,59 +18,10 @@ namespace {
 constexpr double kTol = 5e-6;
 constexpr int32_t kBlockSize = 16;
 
-struct SeqSpec {
-  int32_t q_len, kv_len;
-};
-
-// A paged K/V cache whose old positions hold random rows; the step's rows are written by the op.
-struct GqaCase {
-  ops::GqaDims dims;
-  std::vector<SeqSpec> seqs;
-  int64_t tokens = 0, num_blocks = 0;
-  std::vector<int32_t> q_indptr{0}, kv_lens, block_indptr{0}, block_ids, slots;
-  std::vector<float> cache;
-  ops::AttentionBatch batch;
-
-  int64_t row_width() const { return dims.cache_row_width(); }
-  int64_t slot_of(size_t s, int64_t pos) const {
-    return int64_t(block_ids[size_t(block_indptr[s] + pos / kBlockSize)]) * kBlockSize + pos % kBlockSize;
-  }
-};
-
-void make_case(GqaCase& c, std::mt19937& rng, const ops::GqaDims& dims, std::vector<SeqSpec> seqs) {
-  c.dims = dims;
-  c.seqs = std::move(seqs);
-  for (size_t s = 0; s < c.seqs.size(); ++s) {
-    c.q_indptr.push_back(c.q_indptr.back() + c.seqs[s].q_len);
-    c.kv_lens.push_back(c.seqs[s].kv_len);
-    c.block_indptr.push_back(c.block_indptr.back() + (c.seqs[s].kv_len + kBlockSize - 1) / kBlockSize + int32_t(s % 2));
-  }
-  c.tokens = c.q_indptr.back();
-  c.num_blocks = c.block_indptr.back() + 2;
-  std::vector<int32_t> perm(size_t(c.num_blocks));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  c.block_ids.assign(perm.begin(), perm.begin() + c.block_indptr.back());
-  c.cache = nan_filled(size_t(c.num_blocks * kBlockSize * c.row_width()));
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (size_t s = 0; s < c.seqs.size(); ++s) {
-    for (int64_t p = 0; p < c.seqs[s].kv_len - c.seqs[s].q_len; ++p)
-      for (int64_t i = 0; i < c.row_width(); ++i) c.cache[size_t(c.slot_of(s, p) * c.row_width() + i)] = dist(rng);
-    for (int64_t p = c.seqs[s].kv_len - c.seqs[s].q_len; p < c.seqs[s].kv_len; ++p)
-      c.slots.push_back(int32_t(c.slot_of(s, p)));
-  }
-  const int64_t n = int64_t(c.seqs.size());
-  c.batch.num_seqs = int(n);
-  c.batch.block_size = kBlockSize;
-  c.batch.q_indptr = view_of(c.q_indptr, {n + 1});
-  c.batch.kv_lens = view_of(c.kv_lens, {n});
-  c.batch.block_indptr = view_of(c.block_indptr, {n + 1});
-  c.batch.block_ids = view_of(c.block_ids, {int64_t(c.block_ids.size())});
-  c.batch.slot_mapping = view_of(c.slots, {c.tokens});
-  c.batch.host_q_indptr = c.q_indptr;
-  c.batch.host_kv_lens = c.kv_lens;
-  c.batch.host_block_indptr = c.block_indptr;
-  c.batch.host_block_ids = c.block_ids;
+// A paged K/V cache (two blocks nobody owns) whose old positions hold random rows; the step's rows
+// are written by the op.
+PagedCache make_case(std::mt19937& rng, const ops::GqaDims& dims, std::vector<SeqSpec> seqs) {
+  return make_paged_cache(rng, dims.cache_row_width(), std::move(seqs), kBlockSize, 2);
 }
 
 ops::GqaDims gqa_dims(int heads, int kv_heads, int head_dim) {
@@ -83,19 +33,18 @@ ops::GqaDims gqa_dims(int heads, int kv_heads, int head_dim) {
 void run_attention_case(const ops::GqaDims& dims, std::vector<SeqSpec> seqs, uint32_t seed) {
   auto be = cpu::make_cpu_backend();
   std::mt19937 rng(seed);
-  GqaCase c;
-  make_case(c, rng, dims, std::move(seqs));
+  PagedCache c = make_case(rng, dims, std::move(seqs));
   const int64_t T = c.tokens, H = dims.num_heads, KVH = dims.num_kv_heads, D = dims.head_dim, W = KVH * D;
   // k and v as column slices of one wider buffer (strided rows), as a fused projection would give.
   std::vector<float> kv = random_floats(rng, size_t(T * (2 * W + 3)));
   const TensorView k = strided_view(kv.data(), DType::F32, {T, W}, {2 * W + 3, 1});
   const TensorView v = strided_view(kv.data() + W, DType::F32, {T, W}, {2 * W + 3, 1});
-  const TensorView cache = view_of(c.cache, {c.num_blocks, kBlockSize, c.row_width()});
+  const TensorView cache = c.cache_view();
   be->gqa_cache_write(k, v, c.batch.slot_mapping, cache);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < W; ++i) {
-      ASSERT_EQ(c.cache[size_t(c.slots[size_t(t)] * c.row_width() + i)], kv[size_t(t * (2 * W + 3) + i)]);
-      ASSERT_EQ(c.cache[size_t(c.slots[size_t(t)] * c.row_width() + W + i)], kv[size_t(t * (2 * W + 3) + W + i)]);
+      ASSERT_EQ(c.cache[size_t(c.slot_mapping[size_t(t)] * c.row_width + i)], kv[size_t(t * (2 * W + 3) + i)]);
+      ASSERT_EQ(c.cache[size_t(c.slot_mapping[size_t(t)] * c.row_width + W + i)], kv[size_t(t * (2 * W + 3) + W + i)]);
     }
   std::vector<float> q = random_floats(rng, size_t(T * (H * D + 5)));
   std::vector<float> out = nan_filled(size_t(T * H * D));
@@ -112,7 +61,7 @@ void run_attention_case(const ops::GqaDims& dims, std::vector<SeqSpec> seqs, uin
         std::vector<double> score(static_cast<size_t>(visible));
         double mx = -1e300;
         for (int64_t j = 0; j < visible; ++j) {
-          const float* key = c.cache.data() + c.slot_of(s, j) * c.row_width() + (h / group) * D;
+          const float* key = c.cache.data() + c.slot_of(s, j) * c.row_width + (h / group) * D;
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += double(qh[d]) * double(key[d]);
           score[size_t(j)] = double(dims.softmax_scale) * dot;
@@ -123,7 +72,7 @@ void run_attention_case(const ops::GqaDims& dims, std::vector<SeqSpec> seqs, uin
         for (int64_t d = 0; d < D; ++d) {
           double acc = 0;
           for (int64_t j = 0; j < visible; ++j)
-            acc += score[size_t(j)] * c.cache[size_t(c.slot_of(s, j) * c.row_width() + W + (h / group) * D + d)];
+            acc += score[size_t(j)] * c.cache[size_t(c.slot_of(s, j) * c.row_width + W + (h / group) * D + d)];
           ref[size_t(t * H * D + h * D + d)] = acc / sum;
         }
       }
@@ -145,8 +94,7 @@ TEST(CpuGqa, Bf16CacheRoundsOnWriteAndAttendsExactly) {
   auto be = cpu::make_cpu_backend();
   std::mt19937 rng(5);
   const ops::GqaDims dims = gqa_dims(4, 2, 16);
-  GqaCase c;
-  make_case(c, rng, dims, {{3, 19}, {1, 5}});
+  PagedCache c = make_case(rng, dims, {{3, 19}, {1, 5}});
   const int64_t T = c.tokens, W = 2 * 16, HD = 4 * 16;
   // The same cache stored as BF16 and as the F32 of those BF16 values: results must be identical.
   std::vector<uint16_t> cache16(c.cache.size());

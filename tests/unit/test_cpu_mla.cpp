@@ -6,8 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <memory>
-#include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
 #include "unit/cpu_test_util.h"
@@ -18,67 +16,17 @@ namespace {
 constexpr double kTol = 5e-6;
 constexpr int32_t kBlockSize = 16;
 
-struct SeqSpec {
-  int32_t q_len, kv_len;
-};
-
-// A step's attention inputs: a paged cache in which each sequence's first kv_len - q_len positions
-// hold random latents (the new positions are written by the test through kv_cache_write).
-struct PagedBatch {
+// A step's attention inputs: a paged latent cache (three blocks nobody owns) in which each sequence's
+// first kv_len - q_len positions hold random latents (the new positions are written by the test
+// through kv_cache_write), and the geometry it was made for.
+struct PagedBatch : PagedCache {
   ops::MlaDims dims;
-  std::vector<SeqSpec> seqs;
-  int64_t tokens = 0, num_blocks = 0;
-  std::vector<int32_t> q_indptr, kv_lens, block_indptr, block_ids, slot_mapping;
-  std::vector<float> cache;  // [num_blocks, 16, kv_dim]
-  ops::AttentionBatch batch;
-
-  int64_t slot_of(size_t s, int64_t pos) const {
-    return int64_t(block_ids[size_t(block_indptr[s] + pos / kBlockSize)]) * kBlockSize + pos % kBlockSize;
-  }
-  const float* row(size_t s, int64_t pos) const { return cache.data() + slot_of(s, pos) * dims.kv_dim(); }
-  TensorView cache_view() { return view_of(cache, {num_blocks, kBlockSize, dims.kv_dim()}); }
 };
 
 PagedBatch make_batch(std::mt19937& rng, const ops::MlaDims& dims, std::vector<SeqSpec> seqs) {
   PagedBatch pb;
+  static_cast<PagedCache&>(pb) = make_paged_cache(rng, dims.kv_dim(), std::move(seqs), kBlockSize, 3);
   pb.dims = dims;
-  pb.seqs = std::move(seqs);
-  const int64_t kv_dim = dims.kv_dim();
-  pb.q_indptr = {0};
-  pb.block_indptr = {0};
-  for (size_t s = 0; s < pb.seqs.size(); ++s) {
-    pb.q_indptr.push_back(pb.q_indptr.back() + pb.seqs[s].q_len);
-    pb.kv_lens.push_back(pb.seqs[s].kv_len);
-    // Every other sequence owns one spare block past its need (the table may be longer than kv_len).
-    const int32_t blocks = (pb.seqs[s].kv_len + kBlockSize - 1) / kBlockSize + int32_t(s % 2);
-    pb.block_indptr.push_back(pb.block_indptr.back() + blocks);
-  }
-  pb.tokens = pb.q_indptr.back();
-  pb.num_blocks = pb.block_indptr.back() + 3;  // three blocks nobody owns
-  std::vector<int32_t> perm(size_t(pb.num_blocks));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  pb.block_ids.assign(perm.begin(), perm.begin() + pb.block_indptr.back());
-  pb.cache = nan_filled(size_t(pb.num_blocks * kBlockSize * kv_dim));
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (size_t s = 0; s < pb.seqs.size(); ++s) {
-    for (int64_t p = 0; p < pb.seqs[s].kv_len - pb.seqs[s].q_len; ++p)
-      for (int64_t c = 0; c < kv_dim; ++c) pb.cache[size_t(pb.slot_of(s, p) * kv_dim + c)] = dist(rng);
-    for (int64_t p = pb.seqs[s].kv_len - pb.seqs[s].q_len; p < pb.seqs[s].kv_len; ++p)
-      pb.slot_mapping.push_back(int32_t(pb.slot_of(s, p)));
-  }
-  const int64_t seqs_n = int64_t(pb.seqs.size());
-  pb.batch.num_seqs = int(seqs_n);
-  pb.batch.block_size = kBlockSize;
-  pb.batch.q_indptr = view_of(pb.q_indptr, {seqs_n + 1});
-  pb.batch.kv_lens = view_of(pb.kv_lens, {seqs_n});
-  pb.batch.block_indptr = view_of(pb.block_indptr, {seqs_n + 1});
-  pb.batch.block_ids = view_of(pb.block_ids, {int64_t(pb.block_ids.size())});
-  pb.batch.slot_mapping = view_of(pb.slot_mapping, {pb.tokens});
-  pb.batch.host_q_indptr = pb.q_indptr;
-  pb.batch.host_kv_lens = pb.kv_lens;
-  pb.batch.host_block_indptr = pb.block_indptr;
-  pb.batch.host_block_ids = pb.block_ids;
   return pb;
 }
 
@@ -180,6 +128,25 @@ ops::MlaDims small_dims(int heads) {
   return d;
 }
 
+// kv_b_proj rows: per head, d_nope key rows then d_v value rows.
+int64_t kv_b_rows(const ops::MlaDims& d) { return int64_t(d.num_heads) * (d.qk_nope_head_dim + d.v_head_dim); }
+
+// A random q for the naive op: [T, H, d_nope + d_rope].
+std::vector<float> random_q(std::mt19937& rng, const PagedBatch& pb) {
+  const ops::MlaDims& d = pb.dims;
+  return random_floats(rng, size_t(pb.tokens * d.num_heads * (d.qk_nope_head_dim + d.qk_rope_head_dim)));
+}
+
+// The naive op over pb's cache: out [T, H, d_v].
+std::vector<float> naive_path(ops::Backend& be, PagedBatch& pb, std::vector<float>& q, const ops::Weight& kv_b) {
+  const auto& d = pb.dims;
+  const int64_t heads = d.num_heads, qd = d.qk_nope_head_dim + d.qk_rope_head_dim;
+  std::vector<float> out = nan_filled(size_t(pb.tokens * heads * d.v_head_dim));
+  be.mla_attention_naive(view_of(q, {pb.tokens, heads, qd}), pb.cache_view(), kv_b, pb.batch, d,
+                         view_of(out, {pb.tokens, heads, d.v_head_dim}));
+  return out;
+}
+
 TEST(CpuMla, KvCacheWriteTouchesOnlyMappedSlots) {
   auto be = cpu::make_cpu_backend();
   std::mt19937 rng(21);
@@ -214,13 +181,9 @@ TEST(CpuMla, NaiveMatchesReference) {
   PagedBatch pb = make_batch(rng, dims, {{5, 21}, {1, 40}, {17, 17}, {0, 9}, {1, 16}, {3, 35}});
   write_new_tokens(*be, pb, rng);
   TestWeight kv_b;
-  make_dense(kv_b, rng, dims.num_heads * (dims.qk_nope_head_dim + dims.v_head_dim), dims.kv_lora_rank, DType::BF16);
-  const int64_t qd = dims.qk_nope_head_dim + dims.qk_rope_head_dim;
-  std::vector<float> q = random_floats(rng, size_t(pb.tokens * dims.num_heads * qd));
-  std::vector<float> out = nan_filled(size_t(pb.tokens * dims.num_heads * dims.v_head_dim));
-  be->mla_attention_naive(view_of(q, {pb.tokens, dims.num_heads, qd}), pb.cache_view(), kv_b.w, pb.batch, dims,
-                          view_of(out, {pb.tokens, dims.num_heads, dims.v_head_dim}));
-  EXPECT_TRUE(all_close(out, naive_ref(pb, q, dequantized(kv_b.w)), kTol));
+  make_dense(kv_b, rng, kv_b_rows(dims), dims.kv_lora_rank, DType::BF16);
+  std::vector<float> q = random_q(rng, pb);
+  EXPECT_TRUE(all_close(naive_path(*be, pb, q, kv_b.w), naive_ref(pb, q, dequantized(kv_b.w)), kTol));
 }
 
 TEST(CpuMla, AbsorbedMatchesReference) {
@@ -312,12 +275,9 @@ TEST(CpuMla, AbsorbedEqualsNaive) {
   PagedBatch pb = make_batch(rng, dims, {{9, 260}, {1, 300}, {4, 4}, {1, 1}, {16, 48}, {1, 17}});
   write_new_tokens(*be, pb, rng);
   TestWeight kv_b;
-  make_fp8(kv_b, rng, dims.num_heads * (dims.qk_nope_head_dim + dims.v_head_dim), dims.kv_lora_rank);
-  const int64_t qd = dims.qk_nope_head_dim + dims.qk_rope_head_dim;
-  std::vector<float> q = random_floats(rng, size_t(pb.tokens * dims.num_heads * qd));
-  std::vector<float> naive = nan_filled(size_t(pb.tokens * dims.num_heads * dims.v_head_dim));
-  be->mla_attention_naive(view_of(q, {pb.tokens, dims.num_heads, qd}), pb.cache_view(), kv_b.w, pb.batch, dims,
-                          view_of(naive, {pb.tokens, dims.num_heads, dims.v_head_dim}));
+  make_fp8(kv_b, rng, kv_b_rows(dims), dims.kv_lora_rank);
+  std::vector<float> q = random_q(rng, pb);
+  const std::vector<float> naive = naive_path(*be, pb, q, kv_b.w);
   const std::vector<float> absorbed = absorbed_path(*be, pb, q, kv_b.w);
   EXPECT_TRUE(all_close(absorbed, std::vector<double>(naive.begin(), naive.end()), kTol));
   EXPECT_TRUE(all_close(absorbed, naive_ref(pb, q, dequantized(kv_b.w)), kTol));
@@ -331,14 +291,10 @@ TEST(CpuMla, LongContextCrossesKeyChunks) {
   PagedBatch pb = make_batch(rng, dims, {{20, 600}, {1, 513}, {11, 266}});
   write_new_tokens(*be, pb, rng);
   TestWeight kv_b;
-  make_dense(kv_b, rng, dims.num_heads * (dims.qk_nope_head_dim + dims.v_head_dim), dims.kv_lora_rank, DType::F32);
-  const int64_t qd = dims.qk_nope_head_dim + dims.qk_rope_head_dim;
-  std::vector<float> q = random_floats(rng, size_t(pb.tokens * dims.num_heads * qd));
-  std::vector<float> naive = nan_filled(size_t(pb.tokens * dims.num_heads * dims.v_head_dim));
-  be->mla_attention_naive(view_of(q, {pb.tokens, dims.num_heads, qd}), pb.cache_view(), kv_b.w, pb.batch, dims,
-                          view_of(naive, {pb.tokens, dims.num_heads, dims.v_head_dim}));
+  make_dense(kv_b, rng, kv_b_rows(dims), dims.kv_lora_rank, DType::F32);
+  std::vector<float> q = random_q(rng, pb);
   const std::vector<double> ref = naive_ref(pb, q, dequantized(kv_b.w));
-  EXPECT_TRUE(all_close(naive, ref, kTol));
+  EXPECT_TRUE(all_close(naive_path(*be, pb, q, kv_b.w), ref, kTol));
   EXPECT_TRUE(all_close(absorbed_path(*be, pb, q, kv_b.w), ref, kTol));
 }
 
@@ -365,9 +321,9 @@ TEST(CpuMla, Bf16CacheEqualsRoundedF32Cache) {
   for (float& v : pb.cache) v = round_bf16(v);  // the F32 twin now holds exactly the BF16 values
 
   TestWeight kv_b;
-  make_dense(kv_b, rng, heads * (dims.qk_nope_head_dim + dims.v_head_dim), dims.kv_lora_rank, DType::BF16);
+  make_dense(kv_b, rng, kv_b_rows(dims), dims.kv_lora_rank, DType::BF16);
   const int64_t qd = dims.qk_nope_head_dim + dims.qk_rope_head_dim;
-  std::vector<float> q = random_floats(rng, size_t(pb.tokens * heads * qd));
+  std::vector<float> q = random_q(rng, pb);
   std::vector<float> ref = nan_filled(size_t(pb.tokens * heads * dims.v_head_dim)), got = ref;
   be->mla_attention_naive(view_of(q, {pb.tokens, heads, qd}), pb.cache_view(), kv_b.w, pb.batch, dims,
                           view_of(ref, {pb.tokens, heads, dims.v_head_dim}));
