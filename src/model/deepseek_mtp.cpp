@@ -3,6 +3,7 @@
 #include "model/deepseek_mtp.h"
 
 #include "io/checkpoint.h"
+#include "model/step_inputs.h"
 
 namespace mla::model {
 
@@ -66,7 +67,7 @@ void DeepseekMtp::forward(const spec::DraftForwardInputs& in, const TensorView& 
             "MTP hidden_in {} for {} rows of {}", in.hidden_in.describe(), T, hid);
   const float eps = float(target_cfg_.rms_norm_eps);
   const TensorView ids = ids_.slice(0, 0, T);
-  backend_.copy_from_host(ids, base.token_ids.data());
+  stage_token_ids(backend_, base, ids, "MTP: ");
   const TensorView e = embeds_.slice(0, 0, T);        // {T, hidden}
   const TensorView fused = fused_.slice(0, 0, T);     // {T, 2*hidden} = [enorm(e) | hnorm(h)]
   const TensorView u = block_input_.slice(0, 0, T);   // {T, hidden}
@@ -82,6 +83,7 @@ void DeepseekMtp::forward(const spec::DraftForwardInputs& in, const TensorView& 
     step.feature_layers = kBlockLayer;
     step.features = in.hidden_out;
   }
+  block_->set_mla_path(spec::draft_mla_path(path_, step));
   block_->forward(step, logits);
 }
 

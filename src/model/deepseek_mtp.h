@@ -41,8 +41,10 @@ class DeepseekMtp final : public spec::DraftModel {
 
   void clear_graphs() override { block_->clear_decode_graphs(); }
   const io::ModelConfig& target_config() const { return target_cfg_; }
-  // The block as a one-layer model: MLA path and decode graphs are set here (graph keys include
-  // the hidden_out view).
+  // Auto (default): see spec::draft_mla_path.
+  void set_mla_path(MlaPath path) { path_ = path; }
+  // The block as a one-layer model: decode graphs are set here (graph keys include the hidden_out
+  // view); its MLA path is set per step from set_mla_path's.
   DeepseekV3& block() { return *block_; }
 
  private:
@@ -58,6 +60,7 @@ class DeepseekMtp final : public spec::DraftModel {
   TensorView embeds_;                  // F32 [max_tokens, hidden]: e
   TensorView fused_;                   // F32 [max_tokens, 2*hidden]: [enorm(e) | hnorm(h)]
   TensorView block_input_;             // F32 [max_tokens, hidden]: u, the block's input_embeds
+  MlaPath path_ = MlaPath::Auto;
 };
 
 }  // namespace mla::model

@@ -60,6 +60,10 @@ struct ForwardInputs {
   // When set (MTP block): F32 [T, hidden] backend memory replacing embedding(token_ids) as the input
   // of the first layer (token_ids still give T and are staged). Read, not written.
   TensorView input_embeds;
+  // When set: I32 [T] backend memory holding the token ids, copied on the backend's stream in place
+  // of uploading token_ids (whose size still gives T; their values are ignored). Lets a speculative
+  // draft feed the ids it just drew into its next step without a host round trip.
+  TensorView token_ids_device;
 };
 
 // Upper bounds that size every workspace at load time (ARCHITECTURE rule 4).

@@ -3,6 +3,20 @@
 
 namespace mla::model {
 
+void stage_token_ids(ops::Backend& backend, const ForwardInputs& in, const TensorView& dst, std::string_view who) {
+  const int64_t T = int64_t(in.token_ids.size());
+  MLA_CHECK(dst.dtype == DType::I32 && dst.ndim == 1 && dst.dim(0) == T, "{}token id buffer {} for {} tokens", who,
+            dst.describe(), T);
+  const TensorView& dev = in.token_ids_device;
+  if (!dev.data) {
+    backend.copy_from_host(dst, in.token_ids.data());
+    return;
+  }
+  MLA_CHECK(dev.dtype == DType::I32 && dev.ndim == 1 && dev.dim(0) == T && dev.is_contiguous(),
+            "{}token_ids_device {} for {} tokens", who, dev.describe(), T);
+  backend.copy(dev, dst);
+}
+
 void StepInputs::allocate(ops::Backend& backend, const ModelLimits& limits, std::vector<Buffer>& owned) {
   const auto make = [&](int64_t n) {
     owned.push_back(backend.alloc(size_t(std::max<int64_t>(n, 1)) * sizeof(int32_t)));
@@ -60,7 +74,7 @@ void StepInputs::stage(ops::Backend& backend, const ForwardInputs& in, const Mod
     backend.copy_from_host(v, src);
     return v;
   };
-  upload(ids, in.token_ids.data(), T);
+  stage_token_ids(backend, in, ids.slice(0, 0, T), who);
   upload(positions, in.positions.data(), T);
   batch.num_seqs = S;
   batch.block_size = bs;

@@ -11,6 +11,10 @@
 
 namespace mla::model {
 
+// Puts the step's token ids into `dst` (I32 [T] backend memory): from in.token_ids_device when set
+// (a copy on the backend's stream), else uploaded from in.token_ids.
+void stage_token_ids(ops::Backend& backend, const ForwardInputs& in, const TensorView& dst, std::string_view who);
+
 struct StepInputs {
   TensorView ids, positions, q_indptr, kv_lens, block_indptr, block_ids, slots, logits_rows;  // I32
   // Host staging for the same (and the host mirrors the attention ops plan with).

@@ -124,8 +124,8 @@ class Backend {
   // residual += x; out = rms_norm(residual). residual, x, out F32 [T, D]. out may alias x.
   virtual void add_rms_norm(const TensorView& residual, const TensorView& x, const TensorView& weight, float eps,
                             const TensorView& out) = 0;
-  // dst = src, elementwise. F32, same shape, any strides (inner dims may be strided too); must not
-  // overlap unless identical.
+  // dst = src, elementwise. F32 or I32 (the same for both: a bit copy of 4-byte elements), same
+  // shape, any strides (inner dims may be strided too); must not overlap unless identical.
   virtual void copy(const TensorView& src, const TensorView& dst) = 0;
   // out = a + b. F32, same shape; out may alias a or b.
   virtual void add(const TensorView& a, const TensorView& b, const TensorView& out) = 0;

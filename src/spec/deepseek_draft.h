@@ -16,12 +16,18 @@ class DeepseekDraft final : public DraftModel {
   std::vector<int> target_feature_layers() const override { return {}; }
   int64_t target_feature_width() const override { return 0; }
   int64_t hidden_width() const override { return 0; }
-  void forward(const DraftForwardInputs& in, const TensorView& logits) override { model_.forward(in.base, logits); }
+  void forward(const DraftForwardInputs& in, const TensorView& logits) override {
+    model_.set_mla_path(draft_mla_path(path_, in.base));
+    model_.forward(in.base, logits);
+  }
+  // Auto (default): see draft_mla_path.
+  void set_mla_path(model::MlaPath path) { path_ = path; }
   void clear_graphs() override { model_.clear_decode_graphs(); }
   model::DeepseekV3& model() { return model_; }
 
  private:
   model::DeepseekV3& model_;
+  model::MlaPath path_ = model::MlaPath::Auto;
 };
 
 }  // namespace mla::spec

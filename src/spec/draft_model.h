@@ -39,6 +39,20 @@ struct DraftForwardInputs {
   TensorView hidden_out;
 };
 
+// The MLA formulation a DeepseekV3-based draft (plain draft, MTP block) runs a step with. Draft
+// chunks are short after the first round (catch-up: a sequence's accepted tokens plus its newest;
+// chained steps: one token), and absorbed steps of equal short chunks replay decode graphs, so such
+// steps run absorbed. The target's Auto rule (absorbed only for single-token decodes, so prompt
+// logits stay batch-invariant) does not matter here: draft logits steer acceptance, never the
+// output. Long catch-ups (a prompt) keep Auto, i.e. naive. A path other than Auto set on the draft
+// (tests comparing formulations) is used as is.
+inline model::MlaPath draft_mla_path(model::MlaPath configured, const model::ForwardInputs& in) {
+  if (configured != model::MlaPath::Auto) return configured;
+  for (const model::SequenceSlice& s : in.seqs)
+    if (s.q_len > model::kMaxGraphQLen) return model::MlaPath::Auto;
+  return model::MlaPath::Absorbed;
+}
+
 class DraftModel {
  public:
   virtual ~DraftModel() = default;

@@ -1,7 +1,8 @@
 // Speculator: draft cache, catch-up + chained drafting, and verification (see speculator.h).
 // Cost per round for B sequences and K drafts: one draft forward over the catch-up rows, K-1 draft
 // forwards of B rows, K sampling passes over [B, V], one filter pass over the target's B*(K+1)
-// rows and one verification kernel; host traffic is O(B*K) ids, never a vocabulary row.
+// rows and one verification kernel; host traffic is O(B*K) ids, never a vocabulary row, read once
+// per proposal (per draft step when greedy and sampled sequences share a batch).
 #include "spec/speculator.h"
 
 #include <algorithm>
@@ -78,6 +79,7 @@ Speculator::Speculator(ops::Backend& backend, DraftModel& draft, const Speculato
   out_ids_ = make(DType::I32, {S, K + 1});
   out_emitted_ = make(DType::I32, {S});
   argmax_ = make(DType::I32, {S * (K + 1)});
+  chain_ids_ = make(DType::I32, {K * S});
   stats_.accepted_per_pos.assign(size_t(k_), 0);
 }
 
@@ -223,6 +225,21 @@ void Speculator::draw_drafts(int64_t P, int step, std::span<const DraftSeq* cons
   for (int64_t p = 0; p < P; ++p) out[size_t(p)].push_back(h[size_t(p)]);
 }
 
+void Speculator::draw_drafts_device(int64_t P, int step, const TensorView& ids) {
+  const TensorView logits = draft_logits_.slice(0, 0, P);
+  if (proposers_.front()->params->greedy()) {
+    backend_.argmax(logits, ids);
+    return;
+  }
+  const int64_t KV = int64_t(k_) * vocab_;
+  const TensorView q = strided_rows(draft_probs_.as<float>() + int64_t(step) * vocab_, DType::F32, P, vocab_, KV);
+  row_params_.clear();
+  for (const DraftSeq* s : proposers_) row_params_.push_back(s->params);
+  filter_.run(logits, row_params_, q);
+  const TensorView u = uniforms_.reshape({int64_t(max_seqs_) * (k_ + 1)}).slice(0, int64_t(step) * P, P);
+  backend_.sample_from_probs(q, u, ids);
+}
+
 void Speculator::propose(std::span<const DraftSeq> seqs, std::vector<std::vector<int32_t>>& drafts,
                          std::vector<int>& q_rows) {
   const bool fed = draft_.target_feature_width() > 0;
@@ -279,8 +296,30 @@ void Speculator::propose(std::span<const DraftSeq> seqs, std::vector<std::vector
   draft_.forward(in, draft_logits_.slice(0, 0, int64_t(d_logits_rows_.size())));
   if (P == 0) return;
 
+  // Drafts stay on the device when every proposer draws the same way (all greedy or all sampled):
+  // step s's ids land in row s of chain_ids_ [K, P] and are the next step's token ids, so the K
+  // steps queue back to back with one read of all K x P ids at the end. A mixed batch draws on the
+  // host per step (same draws, one round trip per step).
+  bool any_sampled = false, any_greedy = false;
+  for (const DraftSeq* s : proposers_) (s->params->greedy() ? any_greedy : any_sampled) = true;
+  const bool on_device = !(any_sampled && any_greedy);
   std::vector<std::vector<int32_t>> proposed(static_cast<size_t>(P));
-  draw_drafts(P, 0, proposers_, proposed);
+  const auto chain_row = [&](int step) { return chain_ids_.slice(0, int64_t(step) * P, P); };
+  if (on_device && any_sampled) {
+    // Every uniform of the round up front, per proposer in step order: each request's generator
+    // yields the same sequence as drawing step by step.
+    h_uniforms_.assign(size_t(k_ * P), 0.0f);
+    for (int64_t p = 0; p < P; ++p)
+      for (int step = 0; step < k_; ++step) h_uniforms_[size_t(step * P + p)] = proposers_[size_t(p)]->rng->uniform();
+    backend_.copy_from_host(uniforms_.reshape({int64_t(max_seqs_) * (k_ + 1)}).slice(0, 0, k_ * P), h_uniforms_.data());
+  }
+  const auto draw = [&](int step) {
+    if (on_device)
+      draw_drafts_device(P, step, chain_row(step));
+    else
+      draw_drafts(P, step, proposers_, proposed);
+  };
+  draw(0);
   // Chained steps: each proposer feeds its newest draft at the next position. Every proposer runs
   // K-1 steps (blocks cover tokens + K, checked by the engine); extra drafts past num_drafts are
   // dropped, which keeps the batch shape fixed for the draft's decode graphs.
@@ -296,13 +335,14 @@ void Speculator::propose(std::span<const DraftSeq> seqs, std::vector<std::vector
     for (int64_t p = 0; p < P; ++p) {
       const DraftSeq& s = *proposers_[size_t(p)];
       const int pos = (fed ? s.valid_end - 1 : s.valid_end) + step;
-      d_tokens_.push_back(proposed[size_t(p)].back());
+      d_tokens_.push_back(on_device ? 0 : proposed[size_t(p)].back());  // on the device: row step-1
       d_positions_.push_back(pos);
       d_logits_rows_.push_back(int32_t(p));
       d_slices_.push_back({1, pos + 1, s.block_table});
     }
     in.base = model::ForwardInputs{d_tokens_, d_positions_, d_slices_, d_logits_rows_, draft_layers_,
                                    draft_cache_.block_size()};
+    if (on_device) in.base.token_ids_device = chain_row(step - 1);
     if (hidden_out_.data) {
       in.hidden_in = hidden_chain_[cur].slice(0, 0, P);
       in.hidden_from_target = false;
@@ -312,7 +352,13 @@ void Speculator::propose(std::span<const DraftSeq> seqs, std::vector<std::vector
       in.hidden_in = TensorView{};
     }
     draft_.forward(in, draft_logits_.slice(0, 0, P));
-    draw_drafts(P, step, proposers_, proposed);
+    draw(step);
+  }
+  if (on_device) {
+    h_chain_.resize(size_t(k_ * P));
+    backend_.copy_to_host(h_chain_.data(), chain_ids_.slice(0, 0, k_ * P));
+    for (int64_t p = 0; p < P; ++p)
+      for (int step = 0; step < k_; ++step) proposed[size_t(p)].push_back(h_chain_[size_t(step * P + p)]);
   }
   for (int64_t p = 0; p < P; ++p) {
     const DraftSeq& s = *proposers_[size_t(p)];

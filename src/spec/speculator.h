@@ -96,6 +96,9 @@ class Speculator {
   // Draws draft token `step` for every proposer from draft_logits_ rows [0, P), appending to out.
   void draw_drafts(int64_t P, int step, std::span<const DraftSeq* const> proposers,
                    std::vector<std::vector<int32_t>>& out);
+  // The same draw for a batch whose proposers all draw alike (all greedy or all sampled, uniforms
+  // already uploaded step-major), into `ids` [P] on the device.
+  void draw_drafts_device(int64_t P, int step, const TensorView& ids);
 
   ops::Backend& backend_;
   DraftModel& draft_;
@@ -109,11 +112,12 @@ class Speculator {
   TensorView features_, hidden_in_, hidden_out_, hidden_chain_[2];
   TensorView target_logits_, target_probs_, draft_probs_, draft_logits_;  // [S*(K+1),V] [S,K+1,V] [S,K,V] [S,V]
   TensorView uniforms_, draft_ids_, num_drafts_, out_ids_, out_emitted_, argmax_;
+  TensorView chain_ids_;  // I32 [K * P]: step-major drafted ids of the device chain
   SpecStats stats_;
   // Host scratch.
   std::vector<const runtime::SamplingParams*> row_params_;
   std::vector<float> h_uniforms_;
-  std::vector<int32_t> h_ids_, h_num_drafts_, h_out_ids_, h_out_emitted_, h_argmax_;
+  std::vector<int32_t> h_ids_, h_num_drafts_, h_out_ids_, h_out_emitted_, h_argmax_, h_chain_;
   std::vector<int32_t> d_tokens_, d_positions_, d_logits_rows_, last_rows_;
   std::vector<model::SequenceSlice> d_slices_;
   std::vector<const DraftSeq*> proposers_;

@@ -181,6 +181,12 @@ TEST(GpuParityElementwise, Copy) {
     run_both([&](ops::Backend& be, bool g) { be.copy(pick(src, g), pick(dst, g)); });
     EXPECT_TRUE(check_parity("copy", "4-D [3,5,7,11] inner-strided destination", dst, kExact));
   }
+  {  // I32 (a draft's drawn ids into its next step's token ids): a row of a [K, P] id matrix
+    Twin src = twin_random(rng, DType::I32, {5, 37}, -1000.0f, 129280.0f).slice(0, 3, 1).reshape({37});
+    Twin dst = twin_output(DType::I32, {37});
+    run_both([&](ops::Backend& be, bool g) { be.copy(pick(src, g), pick(dst, g)); });
+    EXPECT_TRUE(check_parity("copy", "I32 [37] row of [5, 37]", dst, kExact));
+  }
 }
 
 TEST(GpuParityElementwise, Add) {

@@ -64,7 +64,7 @@ MtpRun run_mtp(LoadedMtp& lm, const std::vector<int32_t>& ids, const std::vector
   Buffer logits = b.alloc(size_t(n) * size_t(V) * sizeof(float));
   const TensorView hin_v = hin.view(DType::F32, {n, hid}), hout_v = hout.view(DType::F32, {n, hid});
   b.copy_from_host(hin_v, hidden_in.data());
-  d.block().set_mla_path(path);
+  d.set_mla_path(path);
   MtpRun out;
   out.logits.resize(size_t(n) * size_t(V));
   for (int start = 0; start < n; start += chunk) {

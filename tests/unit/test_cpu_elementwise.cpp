@@ -181,6 +181,21 @@ TEST(CpuElementwise, CopyStridedBothSides) {
       }
 }
 
+// I32 copies every bit (token ids, including negatives and the extremes); mixed dtypes are refused.
+TEST(CpuElementwise, CopyI32BitsAndRefusesMixedDtypes) {
+  auto be = cpu::make_cpu_backend();
+  std::vector<int32_t> src = {0, -1, 7, INT32_MIN, INT32_MAX, 129279, -42};
+  std::vector<int32_t> dst(src.size() * 2, 0x5a5a5a5a);
+  be->copy(strided_view(src.data(), DType::I32, {7}, {1}), strided_view(dst.data(), DType::I32, {7}, {2}));
+  for (size_t i = 0; i < src.size(); ++i) {
+    EXPECT_EQ(dst[2 * i], src[i]) << i;
+    EXPECT_EQ(dst[2 * i + 1], 0x5a5a5a5a) << i;  // outside the view: untouched
+  }
+  std::vector<float> f(7, 0.0f);
+  EXPECT_DEATH(be->copy(strided_view(src.data(), DType::I32, {7}, {1}), strided_view(f.data(), DType::F32, {7}, {1})),
+               "copy");
+}
+
 TEST(CpuElementwise, SiluMul) {
   auto be = cpu::make_cpu_backend();
   std::mt19937 rng(6);

@@ -1,11 +1,13 @@
-// Strided fp32 copy: the one data-movement op the model needs besides gathers (assembling the
-// absorbed query [W_UK^T q_nope | q_rope] from two strided halves).
+// Strided copy of 4-byte elements (F32 activations, I32 token ids): the one data-movement op the
+// model needs besides gathers (assembling the absorbed query [W_UK^T q_nope | q_rope] from two
+// strided halves; a speculative draft feeding its drawn ids into its next step).
 #include "backend/cpu/cpu_backend.h"
 
 namespace mla::cpu {
 
 void CpuBackend::copy(const TensorView& src, const TensorView& dst) {
-  MLA_CHECK(src.dtype == DType::F32 && dst.dtype == DType::F32 && src.ndim == dst.ndim, "copy {} -> {}",
+  MLA_CHECK((src.dtype == DType::F32 || src.dtype == DType::I32) && dst.dtype == src.dtype && src.ndim == dst.ndim,
+            "copy {} -> {}",
             src.describe(), dst.describe());
   for (int d = 0; d < src.ndim; ++d) MLA_CHECK(src.dim(d) == dst.dim(d), "copy {} -> {}", src.describe(), dst.describe());
   // Pad to 4 dims so one loop nest covers every rank.
@@ -16,8 +18,8 @@ void CpuBackend::copy(const TensorView& src, const TensorView& dst) {
     ss[size_t(off + d)] = src.stride[size_t(d)];
     ds[size_t(off + d)] = dst.stride[size_t(d)];
   }
-  const float* s = src.as<const float>();
-  float* o = dst.as<float>();
+  const uint32_t* s = static_cast<const uint32_t*>(src.data);  // bit copy: F32 and I32 alike
+  uint32_t* o = static_cast<uint32_t*>(dst.data);
   for (int64_t a = 0; a < n[0]; ++a)
     for (int64_t b = 0; b < n[1]; ++b)
       for (int64_t c = 0; c < n[2]; ++c)

@@ -128,7 +128,7 @@ __device__ __forceinline__ void nd4_offsets(const Nd4& nd, int64_t k, int64_t* o
 
 // copy: operand 0 = src, 1 = dst. bytes: 8 per element.
 template <typename Index>
-__global__ void copy_kernel(const float* src, float* dst, Nd4 nd, int64_t total) {
+__global__ void copy_kernel(const uint32_t* src, uint32_t* dst, Nd4 nd, int64_t total) {  // F32 or I32 bits
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[2];
     nd4_offsets<Index>(nd, k, off, 2);
@@ -269,8 +269,8 @@ void GpuBackend::add_rms_norm(const TensorView& residual, const TensorView& x, c
 }
 
 void GpuBackend::copy(const TensorView& src, const TensorView& dst) {
-  MLA_CHECK(src.dtype == DType::F32 && dst.dtype == DType::F32 && src.ndim == dst.ndim &&
-                src.ndim <= kMaxDims,
+  MLA_CHECK((src.dtype == DType::F32 || src.dtype == DType::I32) && dst.dtype == src.dtype &&
+                src.ndim == dst.ndim && src.ndim <= kMaxDims,
             "copy: {} -> {}", src.describe(), dst.describe());
   for (int d = 0; d < src.ndim; ++d)
     MLA_CHECK(src.dim(d) == dst.dim(d), "copy: {} -> {}", src.describe(), dst.describe());
@@ -281,9 +281,11 @@ void GpuBackend::copy(const TensorView& src, const TensorView& dst) {
   const TensorView* views[] = {&src, &dst};
   const Nd4 nd = make_nd4(views, 2);
   if (total <= int64_t(UINT32_MAX)) {
-    copy_kernel<uint32_t><<<flat_blocks(total), kThreads, 0, stream()>>>(src.as<const float>(), dst.as<float>(), nd, total);
+    copy_kernel<uint32_t><<<flat_blocks(total), kThreads, 0, stream()>>>(static_cast<const uint32_t*>(src.data),
+                                                                           static_cast<uint32_t*>(dst.data), nd, total);
   } else {
-    copy_kernel<uint64_t><<<flat_blocks(total), kThreads, 0, stream()>>>(src.as<const float>(), dst.as<float>(), nd, total);
+    copy_kernel<uint64_t><<<flat_blocks(total), kThreads, 0, stream()>>>(static_cast<const uint32_t*>(src.data),
+                                                                           static_cast<uint32_t*>(dst.data), nd, total);
   }
   MLA_GPU_LAUNCH_CHECK();
 }
