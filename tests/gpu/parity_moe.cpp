@@ -1,14 +1,17 @@
 // Parity of the GPU MoE ops against the CPU reference: moe_route (ids exact, weights to expf ulps)
 // over expert counts, top-k, group limits, bias and normalization; moe_experts over weight formats x
 // both expert paths (decode GEMV, grouped GEMM) x token counts x odd shapes, with experts missing
-// from this rank, experts shared by many tokens, and strided x / out rows.
+// from this rank, experts shared by many tokens, and strided x / out rows; in GemmPrecision::Bf16 the
+// tensor-core decode kernel (FP8, INT4) and the shapes that must fall back to the exact one.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "backend/gpu/gpu_backend.h"
 #include "backend/gpu/gpu_moe.h"
 #include "gpu/parity.h"
 
@@ -157,8 +160,14 @@ Twin random_ids(std::mt19937& rng, int64_t tokens, int64_t num_experts, int top_
   return twin_from_ints(ids, {tokens, top_k});
 }
 
-void check_experts(const ExpertSet& set, WeightKind kind, gpu::MoePath path, int64_t tokens, int top_k,
-                   bool strided, uint32_t seed) {
+// fp32 decode / grouped kernels: exact dequantized weights, fp32 sums in another order.
+Tolerance exact_tol(const ExpertSet& set) {
+  return Tolerance{1e-5 * std::sqrt(double(set.hidden + set.inter)), 1e-5, "fp32 reassociation of two chained dots, K=H+I"};
+}
+
+// Runs moe_experts on the CPU and on `gpu` (a GPU backend) with the MoE path forced to `path`.
+void check_experts_on(ops::Backend& gpu, const ExpertSet& set, WeightKind kind, gpu::MoePath path, int64_t tokens,
+                      int top_k, bool strided, uint32_t seed, const Tolerance& tol, const char* tag) {
   std::mt19937 rng(seed);
   const int64_t h = set.hidden, num_experts = int64_t(set.cpu.size());
   // Strided cases: x and out are column slices of wider buffers (rows not 16-byte aligned).
@@ -168,11 +177,11 @@ void check_experts(const ExpertSet& set, WeightKind kind, gpu::MoePath path, int
   const Twin weights = twin_random(rng, DType::F32, {tokens, top_k}, 0.05f, 1.0f);
   const Twin out_buf = twin_output(DType::F32, {tokens, h + (strided ? 5 : 0)});
   const Twin out = strided ? out_buf.slice(1, 2, h) : out_buf;
-  gpu::set_moe_path(gpu_backend(), path);
-  run_both([&](ops::Backend& b, bool g) {
-    b.moe_experts(pick(x, g), pick(ids, g), pick(weights, g), g ? set.gpu : set.cpu, pick(out, g));
-  });
-  gpu::set_moe_path(gpu_backend(), gpu::MoePath::Auto);
+  gpu::set_moe_path(gpu, path);
+  cpu_backend().moe_experts(x.cpu, ids.cpu, weights.cpu, set.cpu, out.cpu);
+  gpu.moe_experts(x.gpu, ids.gpu, weights.gpu, set.gpu, out.gpu);
+  gpu.synchronize();
+  gpu::set_moe_path(gpu, gpu::MoePath::Auto);
   std::string name = weight_kind_name(kind);
   name += path == gpu::MoePath::Decode ? " decode" : path == gpu::MoePath::Grouped ? " grouped" : " auto";
   name += " T";
@@ -186,9 +195,13 @@ void check_experts(const ExpertSet& set, WeightKind kind, gpu::MoePath path, int
   name += " k";
   name += std::to_string(top_k);
   if (strided) name += " strided";
-  const double k_dim = double(set.hidden + set.inter);
-  EXPECT_TRUE(check_parity("moe_experts", name, out,
-                           Tolerance{1e-5 * std::sqrt(k_dim), 1e-5, "fp32 reassociation of two chained dots, K=H+I"}));
+  name += tag;
+  EXPECT_TRUE(check_parity("moe_experts", name, out, tol));
+}
+
+void check_experts(const ExpertSet& set, WeightKind kind, gpu::MoePath path, int64_t tokens, int top_k,
+                   bool strided, uint32_t seed) {
+  check_experts_on(gpu_backend(), set, kind, path, tokens, top_k, strided, seed, exact_tol(set), "");
 }
 
 const WeightKind kKinds[] = {WeightKind::BF16, WeightKind::FP8, WeightKind::INT4_BF16};
@@ -231,6 +244,146 @@ TEST(GpuParityMoe, ExpertsDeepSeekShape) {
     const auto set = make_experts(rng, kind, 5, 7168, 2048, 4);
     for (gpu::MoePath path : kPaths)
       for (int64_t t : {int64_t(1), int64_t(8), int64_t(33)}) check_experts(*set, kind, path, t, 2, false, seed++);
+  }
+}
+
+// ---- GemmPrecision::Bf16: the tensor-core decode path (gpu_moe_decode_tc.h) ------------------------
+// Error basis: weights are exact (fp8 -> f16; bf16(q s) for INT4, weight_at's value); each GEMM's
+// activations (x for gate/up, h = silu(g) u for down) are rounded once, relative error <= u: f16
+// after a power-of-two scale per 64-k chunk (FP8, u = 2^-11), bf16 (INT4, u = 2^-8). With |x| < 1 and
+// |W| <= 1.7 / sqrt(fan-in) (make_experts), g, u, h and y are O(1) and independent roundings give a
+// dot error of ~u / sqrt(3) x sqrt(sum (W x)^2) ~ 0.2 u; a host emulation of these roundings on these
+// distributions measured max |err y| ~ 0.5 u (H 7168, I 2048), so <= 4 slots with weights < 1 stay
+// under ~2 u. atol 8 u + rtol 2 u: 4x margin; fp32 accumulation error is far below.
+Tolerance tc_tol(WeightKind kind) {
+  const double u = kind == WeightKind::FP8 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+  return Tolerance{8 * u, 2 * u,
+                   kind == WeightKind::FP8 ? "tc: f16 x and h (u = 2^-11, pow2-scaled), exact fp8 W; 8u + 2u rel"
+                                           : "tc: bf16 x and h (u = 2^-8), exact bf16(q s) W; 8u + 2u rel"};
+}
+
+std::unique_ptr<ops::Backend> make_bf16_backend() {
+  auto made = gpu::make_gpu_backend({.gemm_precision = gpu::GemmPrecision::Bf16});
+  EXPECT_TRUE(made.is_ok()) << made.status().message();
+  return made.is_ok() ? std::move(made).value() : nullptr;
+}
+
+// Shapes the kernel takes (FP8: H, I % 64; INT4: % 128): a single 64-row CTA and K chunks fewer than
+// one unrolled step (192 x 64), partial 128 x 128 scale blocks in both dims (FP8 320 x 576: 2.5 k
+// blocks, 4.5 row blocks), several chunks and CTAs (INT4 384 x 256, 640 x 384); T = 1, 3, 8, 16 with
+// experts missing from the rank, strided x / out at T = 3.
+TEST(GpuParityMoe, TensorCoreDecodeBf16) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  struct Shape {
+    WeightKind kind;
+    int64_t hidden, inter;
+  };
+  const Shape shapes[] = {{WeightKind::FP8, 192, 64},
+                          {WeightKind::FP8, 320, 576},
+                          {WeightKind::INT4_BF16, 384, 256},
+                          {WeightKind::INT4_BF16, 640, 384}};
+  uint32_t seed = 7000;
+  for (const Shape& sh : shapes) {
+    std::mt19937 rng(seed++);
+    const auto set = make_experts(rng, sh.kind, 12, sh.hidden, sh.inter, 4);
+    for (int64_t t : {1, 3, 8, 16})
+      check_experts_on(*be, *set, sh.kind, gpu::MoePath::Decode, t, 4, t == 3, seed++, tc_tol(sh.kind),
+                       " [bf16 tc]");
+    // Auto: T = 16 takes the tensor-core decode path, T = 17 the exact grouped GEMM.
+    check_experts_on(*be, *set, sh.kind, gpu::MoePath::Auto, 16, 4, false, seed++, tc_tol(sh.kind), " [bf16 tc]");
+    check_experts_on(*be, *set, sh.kind, gpu::MoePath::Auto, 17, 4, false, seed++, exact_tol(*set), " [bf16 grouped]");
+  }
+}
+
+// More than 8 pairs per expert (several 8-column passes, a partial last one) and the decode path
+// forced at T = 111 (up to ~75 pairs on one of 3 experts), top-1 and top-2.
+TEST(GpuParityMoe, TensorCoreDecodeBf16Crowded) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  uint32_t seed = 7100;
+  for (WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
+    std::mt19937 rng(seed++);
+    const auto set = make_experts(rng, kind, 3, 256, 128, 0);
+    check_experts_on(*be, *set, kind, gpu::MoePath::Decode, 16, 2, false, seed++, tc_tol(kind), " [bf16 tc]");
+    check_experts_on(*be, *set, kind, gpu::MoePath::Decode, 13, 1, true, seed++, tc_tol(kind), " [bf16 tc]");
+    check_experts_on(*be, *set, kind, gpu::MoePath::Decode, 111, 2, false, seed++, tc_tol(kind), " [bf16 tc]");
+  }
+}
+
+// The DeepSeek-V3 expert shape on the tensor-core path (the bench's shape), one expert missing.
+TEST(GpuParityMoe, TensorCoreDecodeBf16DeepSeekShape) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  uint32_t seed = 7200;
+  for (WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
+    std::mt19937 rng(seed++);
+    const auto set = make_experts(rng, kind, 5, 7168, 2048, 4);
+    for (int64_t t : {1, 8, 16})
+      check_experts_on(*be, *set, kind, gpu::MoePath::Auto, t, 2, false, seed++, tc_tol(kind), " [bf16 tc]");
+  }
+}
+
+// Decode steps are graph-captured: the tensor-core path's launches depend on shapes only, so a
+// replay after new routing ids (same buffers, fresh values) computes the new step. The output is
+// re-poisoned before each replay so that only the replay can pass.
+TEST(GpuParityMoe, TensorCoreDecodeBf16GraphReplay) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  std::mt19937 rng(7400);
+  for (WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
+    const int64_t tokens = 5, hidden = 256, inter = 128, num_experts = 16;
+    const int top_k = 4;
+    const auto set = make_experts(rng, kind, num_experts, hidden, inter, 4);
+    const Twin x = twin_random(rng, DType::F32, {tokens, hidden});
+    const Twin ids = random_ids(rng, tokens, num_experts, top_k);
+    const Twin weights = twin_random(rng, DType::F32, {tokens, top_k}, 0.05f, 1.0f);
+    const Twin out = twin_output(DType::F32, {tokens, hidden});
+    const Twin poison = twin_output(DType::F32, {tokens, hidden});
+    be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);  // eager: builds the table, grows scratch
+    be->synchronize();
+    std::unique_ptr<ops::OpGraph> graph =
+        be->capture([&] { be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu); });
+    for (int step = 0; step < 2; ++step) {
+      const Twin next = random_ids(rng, tokens, num_experts, top_k);
+      std::memcpy(ids.host_buf->data(), next.host_buf->data(), ids.host_buf->size());
+      sync_to_device(ids);
+      gpu_backend().synchronize();  // the copy ran on the default test backend's stream
+      be->copy(poison.gpu, out.gpu);
+      graph->replay();
+      be->synchronize();
+      cpu_backend().moe_experts(x.cpu, ids.cpu, weights.cpu, set->cpu, out.cpu);
+      std::string name = weight_kind_name(kind);
+      name += " graph replay step ";
+      name += std::to_string(step);
+      name += " T5 H256 I128 E16 k4 [bf16 tc]";
+      EXPECT_TRUE(check_parity("moe_experts", name, out, tc_tol(kind)));
+    }
+  }
+}
+
+// Bf16 mode, shapes or formats the tensor-core kernel does not take: the exact decode kernel runs
+// (exact tolerance proves it): FP8 352 x 96 and INT4 192 x 64 (not multiples of 64 / 128), INT4 with
+// F32 scales and BF16 weights (other formats), H = 203 (unaligned rows).
+TEST(GpuParityMoe, TensorCoreDecodeBf16Fallback) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  struct Shape {
+    WeightKind kind;
+    int64_t hidden, inter;
+  };
+  const Shape shapes[] = {{WeightKind::FP8, 352, 96},
+                          {WeightKind::INT4_BF16, 192, 64},
+                          {WeightKind::INT4_F32, 256, 128},
+                          {WeightKind::BF16, 256, 128},
+                          {WeightKind::FP8, 203, 64}};
+  uint32_t seed = 7300;
+  for (const Shape& sh : shapes) {
+    std::mt19937 rng(seed++);
+    const auto set = make_experts(rng, sh.kind, 12, sh.hidden, sh.inter, 4);
+    for (int64_t t : {1, 8})
+      check_experts_on(*be, *set, sh.kind, gpu::MoePath::Decode, t, 4, t == 1, seed++, exact_tol(*set),
+                       " [bf16 fallback]");
   }
 }
 

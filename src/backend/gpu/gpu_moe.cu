@@ -1,12 +1,13 @@
 // MoE ops on the GPU: noaux_tc routing (one block per token, exact CPU selection order) and the
-// routed experts (device-built routing plan, then the decode or grouped-GEMM expert kernels and a
-// fixed-slot-order combine). Nothing here syncs or copies per call; expert tables are cached per
-// expert span, so decode steps capture into graphs.
+// routed experts (device-built routing plan, then the decode (fp32, or tensor-core in Bf16 mode:
+// gpu_moe_decode_tc.cu) or grouped-GEMM expert kernels and a fixed-slot-order combine). Nothing here
+// syncs or copies per call; expert tables are cached per expert span, so decode steps capture into graphs.
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/gpu/gpu_backend_impl.h"
 #include "backend/gpu/gpu_moe.h"
+#include "backend/gpu/gpu_moe_decode_tc.h"
 #include "backend/gpu/gpu_moe_kernels.cuh"
 #include "backend/gpu/gpu_moe_state.h"
 
@@ -282,6 +283,7 @@ const MoeExpertTable& expert_table(GpuBackend& backend, std::span<const ops::Exp
     d.down = device_weight(ew.down_proj);
     d.vec_gate_up = chunk_aligned(d.gate) && chunk_aligned(d.up) ? 1 : 0;
     d.vec_down = chunk_aligned(d.down) ? 1 : 0;
+    table.all_vec = table.all_vec && d.vec_gate_up != 0 && d.vec_down != 0;
   }
   if (!experts.empty()) {
     const size_t bytes = experts.size() * sizeof(DeviceExpert);
@@ -407,6 +409,12 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
             hidden);
   const MoePath path = moe_->path != MoePath::Auto ? moe_->path
                                                    : (num_tokens <= kDecodeMaxTokens ? MoePath::Decode : MoePath::Grouped);
+  // Serving precision: the tensor-core decode kernel where its constraint holds (gpu_moe_decode_tc.h),
+  // else the exact fp32 decode kernel. Depends on shapes, format and device only: graph-stable.
+  if (moe_->tc_device < 0) moe_->tc_device = moe_tc_device_ok() ? 1 : 0;
+  const bool use_tc = path == MoePath::Decode && options().gemm_precision == GemmPrecision::Bf16 &&
+                      moe_->tc_device == 1 && inter > 0 && table.all_vec &&
+                      moe_tc_shape_ok(table.format, hidden, inter);
 
   // Token chunks bound the [pairs, I] + [pairs, H] intermediates (prefill only; decode is one chunk).
   const int64_t inter_pad = (inter + 3) / 4 * 4;  // 16-byte aligned h rows for the decode down pass
@@ -418,8 +426,9 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   const size_t sz_sorted = align_up(size_t(max_pairs + 1) * 4, 256), sz_tiles = align_up(size_t(max_tiles + 1) * 4, 256);
   const size_t sz_counters = 256, sz_h = align_up(size_t(max_pairs * inter_pad) * 4, 256);
   const size_t sz_y = align_up(size_t(max_pairs * hidden) * 4, 256);
+  const size_t sz_tc = use_tc ? align_up(moe_tc_scratch_bytes(chunk, max_pairs, hidden, inter), 256) : 0;
   char* base = static_cast<char*>(moe_->scratch.get(
-      *this, sz_offsets + sz_active + sz_sorted + 2 * sz_tiles + sz_counters + sz_h + sz_y));
+      *this, sz_offsets + sz_active + sz_sorted + 2 * sz_tiles + sz_counters + sz_h + sz_y + sz_tc));
   Plan plan;
   plan.offsets = reinterpret_cast<int32_t*>(base);
   plan.active = reinterpret_cast<int32_t*>(base += sz_offsets);
@@ -429,6 +438,7 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   plan.counters = reinterpret_cast<int32_t*>(base += sz_tiles);
   float* h = reinterpret_cast<float*>(base += sz_counters);
   float* y = reinterpret_cast<float*>(base += sz_h);
+  void* tc_scratch = base + sz_y;
 
   const auto* dev_table = static_cast<const DeviceExpert*>(table.device.data());
   for (int64_t t0 = 0; t0 < num_tokens; t0 += chunk) {
@@ -437,7 +447,22 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
     moe_plan_kernel<<<1, kPlanThreads, 0, stream()>>>(dev_table, int(num_experts), ids, topk_ids.stride[0], int(tn),
                                                       int(top_k), plan);
     MLA_GPU_LAUNCH_CHECK();
-    if (inter > 0 && pairs > 0) {
+    if (use_tc && pairs > 0) {
+      MoeTcArgs a;
+      a.table = dev_table;
+      a.plan = plan;
+      a.x = x.at<const float>(t0);
+      a.x_stride = x.stride[0];
+      a.tokens = int(tn);
+      a.top_k = int(top_k);
+      a.pairs = int(pairs);
+      a.slots = int(std::min(num_experts, pairs));
+      a.hidden = hidden;
+      a.inter = inter;
+      a.scratch = tc_scratch;
+      a.y = y;
+      moe_tc_launch(table.format, a, stream());
+    } else if (inter > 0 && pairs > 0) {
       ExpertLaunch a;
       a.table = dev_table;
       a.plan = plan;

@@ -1,6 +1,8 @@
 // Host-visible knob of the GPU MoE ops (plain C++, included by tests): which moe_experts path runs.
 // Auto picks the decode (weight-streaming GEMV) path for small batches and the grouped GEMM path for
-// prefill; tests force each path so both are checked against the CPU at every size.
+// prefill; tests force each path so both are checked against the CPU at every size. In
+// GemmPrecision::Bf16, Decode runs the tensor-core kernel where its constraint holds
+// (gpu_moe_decode_tc.h) and the exact fp32 decode kernel otherwise.
 #pragma once
 
 #include "ops/backend.h"

@@ -11,17 +11,6 @@
 
 namespace mla::gpu::moe {
 
-// The routing plan in device scratch, built by the plan kernel from the ids (no host sync).
-// Pairs are p = t * top_k + slot. Only pairs whose expert is held appear in `sorted`.
-struct Plan {
-  int32_t* offsets;      // [E + 1]: pairs of expert e are sorted[offsets[e] .. offsets[e+1])
-  int32_t* active;       // [E]: held experts with >= 1 pair, ascending; count in counters[0]
-  int32_t* sorted;       // [P]: pair indices grouped by expert
-  int32_t* tile_expert;  // [max_tiles]: grouped-GEMM row tiles (expert, first sorted position)
-  int32_t* tile_start;
-  int32_t* counters;     // [0] active experts, [1] row tiles
-};
-
 constexpr int kThreads = 256;  // every expert kernel; a multiple of kWarpSize on both vendors
 __device__ __forceinline__ float silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 

@@ -24,6 +24,19 @@ struct DeviceExpert {
 // expert's gate/up/down share it).
 enum class MoeFormat : int32_t { BF16, F16, F32, FP8, I4_BF16, I4_F16, I4_F32 };
 
+namespace moe {
+// The routing plan in device scratch, built by the plan kernel from the ids (no host sync).
+// Pairs are p = t * top_k + slot. Only pairs whose expert is held appear in `sorted`.
+struct Plan {
+  int32_t* offsets;      // [E + 1]: pairs of expert e are sorted[offsets[e] .. offsets[e+1])
+  int32_t* active;       // [E]: held experts with >= 1 pair, ascending; count in counters[0]
+  int32_t* sorted;       // [P]: pair indices grouped by expert
+  int32_t* tile_expert;  // [max_tiles]: grouped-GEMM row tiles (expert, first sorted position)
+  int32_t* tile_start;
+  int32_t* counters;     // [0] active experts, [1] row tiles
+};
+}  // namespace moe
+
 struct MoeExpertTable {
   const void* key_data = nullptr;     // experts.data() and experts.size() of the span it mirrors
   size_t key_size = 0;
@@ -31,11 +44,13 @@ struct MoeExpertTable {
   std::vector<DeviceExpert> host;     // the same, to validate the cache key on every call
   int64_t hidden = 0, inter = 0;      // 0 when no expert is held
   MoeFormat format = MoeFormat::BF16;
+  bool all_vec = true;                // every held expert's gate/up/down rows are 16-byte readable
 };
 
 struct MoeState {
   Scratch scratch;
   MoePath path = MoePath::Auto;
+  int tc_device = -1;                 // 1: the mma.sync decode path runs on this device, 0: not, -1: unprobed
   // One table per MoE layer's expert span, found by (data, size): a few dozen entries, linear search
   // (std::map of these trips a clang 15 HIP crash).
   std::vector<std::unique_ptr<MoeExpertTable>> tables;

@@ -1,0 +1,432 @@
+// Tensor-core MoE decode for GemmPrecision::Bf16 (constraint and interface: gpu_moe_decode_tc.h).
+// Weights are the mma A operand, read once from HBM with 16-byte evict-first loads straight into
+// fragments (no shared memory); an expert's tokens are the B columns (n = 8), prepared once as
+// 16-bit rows. FP8: e4m3 -> f16 exact (cvt.rn.f16x2.e4m3x2), activations f16 with a power-of-two
+// scale per 64-k chunk, block scale applied to each 64-k partial sum in fp32. INT4: nibble -> exact
+// bf16(q * s) (the weight_at value), activations bf16. Only the activations are rounded.
+#include "backend/gpu/gpu_moe_decode_tc.h"
+
+#include <cstdint>
+
+#include "backend/gpu/gpu_device.cuh"
+#include "core/status.h"
+
+#if MLA_GPU_CUDA
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backend/gpu/gpu_mma.cuh"
+#endif
+
+namespace mla::gpu {
+
+namespace {
+
+constexpr int64_t kActChunk = 64;  // k per activation scale (FP8 path) = rows per CTA
+constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// k per lane-quad chunk (4 lanes x 16 bytes): 64 fp8 or 128 int4 weights of one row.
+constexpr int64_t chunk_k(MoeFormat f) { return f == MoeFormat::FP8 ? 64 : 128; }
+
+// Scratch: x16 [tokens, hidden] u16 | x_inv [tokens, hidden / 64] f32 | h16 [pairs, inter] u16 |
+// h_inv [pairs, inter / 64] f32, each piece 256-byte aligned (16-byte rows: hidden, inter % 64 == 0).
+struct TcLayout {
+  size_t x16 = 0, x_inv = 0, h16 = 0, h_inv = 0, total = 0;
+};
+TcLayout tc_layout(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
+  TcLayout l;
+  l.x16 = 0;
+  l.x_inv = l.x16 + align256(size_t(tokens * hidden) * 2);
+  l.h16 = l.x_inv + align256(size_t(tokens * (hidden / kActChunk)) * 4);
+  l.h_inv = l.h16 + align256(size_t(pairs * inter) * 2);
+  l.total = l.h_inv + align256(size_t(pairs * (inter / kActChunk)) * 4);
+  return l;
+}
+
+}  // namespace
+
+bool moe_tc_shape_ok(MoeFormat format, int64_t hidden, int64_t inter) {
+  if (format != MoeFormat::FP8 && format != MoeFormat::I4_BF16) return false;
+  const int64_t k = chunk_k(format);
+  return hidden > 0 && inter > 0 && hidden % k == 0 && inter % k == 0 && hidden / kActChunk <= 65535 &&
+         inter / kActChunk <= 65535;
+}
+
+size_t moe_tc_scratch_bytes(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
+  return tc_layout(tokens, pairs, hidden, inter).total;
+}
+
+#if MLA_GPU_CUDA
+
+namespace {
+
+// ---- napkin math (DeepSeek-V3 expert: gate/up [2048, 7168], down [7168, 2048]; H200) ---------------
+// Bytes per expert: FP8 3 x 14.68 MB data + 3 x 3.5 KB scales = 44.05 MB; INT4 3 x (7.34 MB packed +
+// 0.92 MB bf16 scales) = 24.8 MB. Batch 1 = 8 experts: FP8 352 MB = 82 us at 4.3 TB/s.
+// Lane instructions per weight byte (issue budget at 3 TB/s on 132 SMs x 128 lanes x ~1.75 GHz:
+// ~10 per byte):
+//   FP8, per 16-byte load: 8 cvt + 2 mma + 3 scale FFMA/FMUL + the load + ~1 shared B / inv / scale
+//        load ~= 15 per 16 B ~= 1 per byte (the fp32 decode kernel: ~5);
+//   INT4, per 8 nibbles: 3 shifts + 4 lop3 + 4 fma (n - 8) + 4 fma (x s, exactly bf16(q s)) = 15 per
+//        4 bytes, + mma and loads ~= 4.3 per byte (the fp32 kernel: ~9). The per-element scale
+//        rounding keeps INT4 dearer: the group scale cannot move to the accumulator because one mma
+//        step spans the 4 t-lanes' different 32-groups.
+// In flight: a warp issues kU chunks x kMats matrices x 2 rows x 16 B per lane before consuming any
+// (gate/up 4 x 2 x 2, down 8 x 1 x 2 = 256 B per lane, 8 KB per warp). At batch 1 gate/up runs
+// 8 experts x 32 CTAs = 256 CTAs (~2 per SM, 64 KB per SM in flight), down 8 x 112 = 896 CTAs;
+// ~40-64 KB per SM (4.3 TB/s x ~1.5 us / 132 SMs) saturates HBM.
+constexpr int kWarps = 4, kThreads = kWarps * 32;  // CUDA-only file: mma.sync warps are 32 lanes
+constexpr int kTileM = 16;                          // weight rows per warp (one m16 tile)
+constexpr int kCtaRows = kWarps * kTileM;           // 64 = kActChunk: a gate/up CTA owns one h chunk
+constexpr int kCols = 8;                            // token columns per pass (mma n)
+static_assert(kCtaRows == kActChunk, "the FP8 h scale chunk is one gate/up CTA's rows");
+static_assert(kWarpSize == 32, "mma.sync fragments assume 32-lane warps");
+
+// 16-bit activation rows the B fragments read, and (FP8 path) the inverse power-of-two scale of each
+// 64-k chunk of a row: true activation = stored value x inv.
+struct TcAct {
+  const uint16_t* data;  // FP8: f16 [rows, k]; INT4: bf16 [rows, k] permuted per 8-group (act_pos)
+  int64_t stride;        // elements per row (a multiple of 8: rows are 16-byte aligned)
+  const float* inv;      // FP8: [rows, k / 64]; INT4: unused
+  int64_t inv_stride;
+};
+struct TcOut {
+  uint16_t* h;          // gate/up: [pairs, inter] by sorted position, 16-bit as TcAct
+  int64_t h_stride;
+  float* h_inv;         // gate/up, FP8: [pairs, inter / 64]
+  int64_t h_inv_stride;
+  float* y;             // down: [pairs, hidden] by pair index
+  int64_t y_stride;
+};
+
+// INT4 B storage order: logical k = 8 c + j sits at 8 c + 2 (j % 4) + j / 4, i.e. a group of 8 is
+// stored (x0, x4, x1, x5, x2, x6, x3, x7) so that 32-bit word p holds the pair (x_p, x_{p+4}) that
+// the nibble extraction ((w >> 4p) & 0x000f000f) pairs in the A fragment.
+__device__ __forceinline__ int64_t act_pos_i4(int64_t k) {
+  const int j = int(k & 7);
+  return (k & ~int64_t(7)) | int64_t(((j & 3) << 1) | (j >> 2));
+}
+
+// scale = 2^s with max|v| * scale in [2^14, 2^15) (so f16 neither overflows nor loses range), inv =
+// 2^-s; both exact. Zero, NaN or inf max: s = 0. |s| <= 100 keeps both normal.
+__device__ __forceinline__ void pow2_scale(float amax, float& scale, float& inv) {
+  const int e = int((__float_as_uint(amax) >> 23) & 0xffu);  // biased exponent of the max
+  int s = (amax > 0.0f && e < 255) ? 14 - (max(e, 1) - 127) : 0;
+  s = min(max(s, -100), 100);
+  scale = __uint_as_float(uint32_t(127 + s) << 23);
+  inv = __uint_as_float(uint32_t(127 - s) << 23);
+}
+
+__device__ __forceinline__ uint16_t f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
+
+__device__ __forceinline__ uint32_t word_of(const uint4& r, int i) {
+  return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
+}
+
+// Two e4m3 (low byte -> low half) as an exact f16x2.
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+#else
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t, uint32_t, uint32_t) {
+  __trap();  // never launched below sm_80 (moe_tc_device_ok)
+  return 0;
+}
+#endif
+
+// Nibbles p and p + 4 of `w` as the bf16x2 (bf16(q_p s), bf16(q_{p+4} s)), q = nibble - 8:
+// 0x4300 | n is exactly 128 + n; fma(., 1, -136) = q exactly; fma(q, s, -0) rounds the exact q s
+// once to bf16 = weight_at's round_scale_dtype(q * s) (sign of zero included). s2 = (s, s).
+__device__ __forceinline__ uint32_t int4x2_to_bf16x2(uint32_t w, int p, uint32_t s2) {
+  const uint32_t x = ((w >> (4 * p)) & 0x000f000fu) | 0x43004300u;
+  const uint32_t q = fma_bf16x2(x, 0x3f803f80u, 0xc308c308u);
+  return fma_bf16x2(q, s2, 0x80008000u);
+}
+
+// ---- prep: x rows -> 16-bit B rows ---------------------------------------------------------------
+// Grid (ceil(k / 64 / kWarps), rows); one warp per 64-element chunk, 2 elements per lane. ~us.
+template <bool kF16>
+__global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __restrict__ x, int64_t x_stride,
+                                                             int64_t k_dim, uint16_t* __restrict__ out,
+                                                             int64_t out_stride, float* __restrict__ inv,
+                                                             int64_t inv_stride) {
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const int64_t c = int64_t(blockIdx.x) * kWarps + warp;
+  if (c * kActChunk >= k_dim) return;  // whole warps; no barrier below
+  const int64_t row = blockIdx.y, k = c * kActChunk + 2 * lane;
+  const float v0 = x[row * x_stride + k], v1 = x[row * x_stride + k + 1];
+  uint16_t* o = out + row * out_stride;
+  if constexpr (kF16) {
+    const float m = warp_max(fmaxf(fabsf(v0), fabsf(v1)));
+    float scale, iv;
+    pow2_scale(m, scale, iv);
+    o[k] = f16_bits(v0 * scale);
+    o[k + 1] = f16_bits(v1 * scale);
+    if (lane == 0) inv[row * inv_stride + c] = iv;
+  } else {
+    o[act_pos_i4(k)] = f32_to_bf16_bits(v0);
+    o[act_pos_i4(k + 1)] = f32_to_bf16_bits(v1);
+  }
+}
+
+// ---- expert kernel --------------------------------------------------------------------------------
+// Grid (expert slots, rows / 64): the CTA of slot j serves plan.active[j] (slots past the active
+// count exit at once) and output rows [64 y, 64 y + 64); warp w owns the m16 tile at 64 y + 16 w, for
+// gate and up together (kGateUp) or down. Columns: the expert's pairs in sorted order, 8 at a time.
+//
+// Fragment proof (PTX m16n8k16, g = lane / 4, t = lane % 4). mma computes D[m][n] += sum_kk A[m][kk]
+// B[kk][n]; lane (g, t) supplies A[g | g+8][kk] and B[kk][g] for kk in K(t) = {2t, 2t+1, 2t+8, 2t+9}
+// only. So any map kk -> actual k that depends on (t, step, kk) but not on g is a valid reordering
+// of the dot product, provided A and B lanes with the same t use the same map. Ours: in chunk c,
+// lane t's actual k are the 16-byte piece it loads, [c K + t K / 4, + K / 4) (K = chunk_k):
+//   FP8 (16 k per lane, 4 steps): step s takes weight word s = k 4s..4s+3 of the piece; a0 = its low
+//     two bytes (k 4s, 4s+1) = kk 2t, 2t+1; a2 = its high two (4s+2, 4s+3) = kk 2t+8, 2t+9; a1 / a3
+//     the same of row g+8. B: the f16 row's piece is 8 words, word 2s = (4s, 4s+1) = b0, 2s+1 = b1.
+//   INT4 (32 k per lane, 8 steps): step s = 2 w + h takes weight word w (k 8w..8w+7, nibble j = k
+//     8w+j); a0 = nibbles (2h, 2h+4), a2 = (2h+1, 2h+5). B: act_pos stores the group as (x0, x4),
+//     (x1, x5), (x2, x6), (x3, x7), so word 4w + 2h = (x_{2h}, x_{2h+4}) = b0 and word 4w+2h+1 = b1:
+//     again step s reads B words 2s, 2s+1 of the piece.
+// C: c0, c1 = D[g][2t, 2t+1], c2, c3 = D[g+8][2t, 2t+1]: rows row0 + g (+8), columns 2t (+1).
+// Scales: FP8's 128x128 block is constant over the warp's 16 rows (row0 % 16 == 0) and a 64-k chunk,
+// and the f16 activation scale is constant per (column, 64-k chunk), so a chunk's 4 steps go into a
+// zeroed partial tmp and acc += tmp * (block scale x column inv). INT4: lane t's piece is exactly
+// group 4c + t of its rows, and the scale is folded into the A values.
+template <MoeFormat F, bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
+                                                             TcAct act, int top_k, int64_t k_dim, TcOut out) {
+  constexpr bool kFp8 = F == MoeFormat::FP8;
+  constexpr int kMats = kGateUp ? 2 : 1;
+  constexpr int kU = kGateUp ? 4 : 8;          // chunks whose weight loads are in flight together
+  constexpr int kChunkK = int(chunk_k(F));
+  constexpr int kBVec = kChunkK / 32;          // uint4 of 16-bit activations per lane per chunk
+  constexpr int kSteps = kChunkK / 16;         // mma k16 steps per chunk
+  constexpr int kRowUnit = kFp8 ? 1 : 4;       // bytes per data_stride unit
+  __shared__ float colmax[kWarps][kCols];
+
+  if (int(blockIdx.x) >= plan.counters[0]) return;  // uniform per CTA: before any barrier
+  const int e = plan.active[blockIdx.x];
+  const DeviceExpert& ex = table[e];
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int64_t row0 = int64_t(blockIdx.y) * kCtaRows + warp * kTileM;
+  const int64_t nchunks = k_dim / kChunkK;
+
+  const uint4* arow[kMats][2];                         // lane's piece of chunk 0, rows row0 + g (+8)
+  [[maybe_unused]] const float* fp8_scale[kMats];       // FP8: the 128-row block's scale row
+  [[maybe_unused]] const uint16_t* i4_scale[kMats][2];  // INT4: group t of rows row0 + g (+8)
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+    const DeviceWeight& w = m == 0 ? (kGateUp ? ex.gate : ex.down) : ex.up;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = row0 + g + 8 * h;
+      arow[m][h] = reinterpret_cast<const uint4*>(static_cast<const char*>(w.data) + r * w.data_stride * kRowUnit) + t;
+      if constexpr (!kFp8) i4_scale[m][h] = static_cast<const uint16_t*>(w.scale) + r * w.scale_stride + t;
+    }
+    if constexpr (kFp8) fp8_scale[m] = static_cast<const float*>(w.scale) + (row0 / 128) * w.scale_stride;
+  }
+
+  const int begin = plan.offsets[e], end = plan.offsets[e + 1];
+  for (int p0 = begin; p0 < end; p0 += kCols) {  // uniform per CTA (same expert)
+    const int ncols = min(kCols, end - p0);
+    // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
+    auto act_row = [&](int n) -> int64_t {
+      return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n);
+    };
+    const uint4* brow = g < ncols ? reinterpret_cast<const uint4*>(act.data + act_row(g) * act.stride) + t * kBVec
+                                  : nullptr;
+    const float* inv_row[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      inv_row[j] = kFp8 && 2 * t + j < ncols ? act.inv + act_row(2 * t + j) * act.inv_stride : nullptr;
+
+    float acc[kMats][4];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][i] = 0.0f;
+
+    for (int64_t c0 = 0; c0 < nchunks; c0 += kU) {
+      // Issue every weight load of kU chunks before consuming any.
+      uint4 a[kU][kMats][2];
+      [[maybe_unused]] uint32_t sbits[kU][kMats][2];  // INT4: bf16 bits of the lane's group scale
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t c = c0 + u;
+#pragma unroll
+        for (int m = 0; m < kMats; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            a[u][m][h] = c < nchunks ? __ldcs(arow[m][h] + 4 * c) : make_uint4(0u, 0u, 0u, 0u);
+            if constexpr (!kFp8) sbits[u][m][h] = c < nchunks ? uint32_t(i4_scale[m][h][4 * c]) : 0u;
+          }
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t c = c0 + u;
+        if (c >= nchunks) continue;  // warp-uniform; only in the last step
+        uint4 b[kBVec];
+#pragma unroll
+        for (int i = 0; i < kBVec; ++i)
+          b[i] = brow != nullptr ? __ldg(brow + c * (4 * kBVec) + i) : make_uint4(0u, 0u, 0u, 0u);
+        if constexpr (kFp8) {
+          const float inv0 = inv_row[0] != nullptr ? __ldg(inv_row[0] + c) : 0.0f;
+          const float inv1 = inv_row[1] != nullptr ? __ldg(inv_row[1] + c) : 0.0f;
+#pragma unroll
+          for (int m = 0; m < kMats; ++m) {
+            float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s) {
+              const uint32_t lo = word_of(a[u][m][0], s), hi = word_of(a[u][m][1], s);
+              const uint32_t af[4] = {fp8x2_to_f16x2(lo), fp8x2_to_f16x2(hi), fp8x2_to_f16x2(lo >> 16),
+                                      fp8x2_to_f16x2(hi >> 16)};
+              mma::mma_f16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
+            }
+            const float sw = __ldg(fp8_scale[m] + c / 2);  // k block (64 c) / 128
+            const float f0 = sw * inv0, f1 = sw * inv1;
+            acc[m][0] = fmaf(tmp[0], f0, acc[m][0]);
+            acc[m][1] = fmaf(tmp[1], f1, acc[m][1]);
+            acc[m][2] = fmaf(tmp[2], f0, acc[m][2]);
+            acc[m][3] = fmaf(tmp[3], f1, acc[m][3]);
+          }
+        } else {
+#pragma unroll
+          for (int m = 0; m < kMats; ++m) {
+            const uint32_t s_lo = sbits[u][m][0] | (sbits[u][m][0] << 16);
+            const uint32_t s_hi = sbits[u][m][1] | (sbits[u][m][1] << 16);
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s) {
+              const int wd = s / 2, h = s % 2;
+              const uint32_t lo = word_of(a[u][m][0], wd), hi = word_of(a[u][m][1], wd);
+              const uint32_t af[4] = {int4x2_to_bf16x2(lo, 2 * h, s_lo), int4x2_to_bf16x2(hi, 2 * h, s_hi),
+                                      int4x2_to_bf16x2(lo, 2 * h + 1, s_lo), int4x2_to_bf16x2(hi, 2 * h + 1, s_hi)};
+              mma::mma_bf16(acc[m], af, word_of(b[(2 * s) / 4], (2 * s) % 4),
+                            word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
+            }
+          }
+        }
+      }
+    }
+
+    // Epilogue: acc[m][i] is row row0 + g + 8 (i / 2), column 2t + i % 2 (valid when < ncols).
+    if constexpr (kGateUp) {
+      float hv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) hv[i] = acc[0][i] / (1.0f + expf(-acc[0][i])) * acc[1][i];  // silu(g) u
+      if constexpr (kFp8) {
+        // Per column max |h| over the CTA's 64 rows (= the down pass's 64-k chunk blockIdx.y).
+        float m0 = fmaxf(fabsf(hv[0]), fabsf(hv[2])), m1 = fmaxf(fabsf(hv[1]), fabsf(hv[3]));
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) {  // across g (lane bits 2..4), same t
+          m0 = fmaxf(m0, shfl_xor(m0, off));
+          m1 = fmaxf(m1, shfl_xor(m1, off));
+        }
+        if (g == 0) {
+          colmax[warp][2 * t] = m0;
+          colmax[warp][2 * t + 1] = m1;
+        }
+        __syncthreads();
+        float amax[2] = {colmax[0][2 * t], colmax[0][2 * t + 1]};
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) amax[j] = fmaxf(amax[j], colmax[w][2 * t + j]);
+        __syncthreads();  // colmax is rewritten by the next column group
+        float scale[2], inv[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) pow2_scale(amax[j], scale[j], inv[j]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = 2 * t + i % 2;
+          if (col < ncols) out.h[int64_t(p0 + col) * out.h_stride + row0 + g + 8 * (i / 2)] = f16_bits(hv[i] * scale[i % 2]);
+        }
+        if (warp == 0 && g == 0)
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+            if (2 * t + j < ncols) out.h_inv[int64_t(p0 + 2 * t + j) * out.h_inv_stride + blockIdx.y] = inv[j];
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = 2 * t + i % 2;
+          if (col < ncols)
+            out.h[int64_t(p0 + col) * out.h_stride + act_pos_i4(row0 + g + 8 * (i / 2))] = f32_to_bf16_bits(hv[i]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = 2 * t + i % 2;
+        if (col < ncols) out.y[int64_t(plan.sorted[p0 + col]) * out.y_stride + row0 + g + 8 * (i / 2)] = acc[0][i];
+      }
+    }
+  }
+}
+
+template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
+  constexpr bool kFp8 = F == MoeFormat::FP8;
+  const TcLayout l = tc_layout(a.tokens, a.pairs, a.hidden, a.inter);
+  char* base = static_cast<char*>(a.scratch);
+  auto* x16 = reinterpret_cast<uint16_t*>(base + l.x16);
+  auto* x_inv = reinterpret_cast<float*>(base + l.x_inv);
+  auto* h16 = reinterpret_cast<uint16_t*>(base + l.h16);
+  auto* h_inv = reinterpret_cast<float*>(base + l.h_inv);
+  const int64_t hc = a.hidden / kActChunk, ic = a.inter / kActChunk;
+
+  const dim3 gp(unsigned((hc + kWarps - 1) / kWarps), unsigned(a.tokens));
+  moe_tc_prep_kernel<kFp8><<<gp, kThreads, 0, stream>>>(a.x, a.x_stride, a.hidden, x16, a.hidden, x_inv, hc);
+  MLA_GPU_LAUNCH_CHECK();
+
+  TcOut o1{};
+  o1.h = h16;
+  o1.h_stride = a.inter;
+  o1.h_inv = h_inv;
+  o1.h_inv_stride = ic;
+  const dim3 g1(unsigned(a.slots), unsigned(ic));
+  moe_tc_kernel<F, true><<<g1, kThreads, 0, stream>>>(a.table, a.plan, TcAct{x16, a.hidden, x_inv, hc}, a.top_k,
+                                                      a.hidden, o1);
+  MLA_GPU_LAUNCH_CHECK();
+
+  TcOut o2{};
+  o2.y = a.y;
+  o2.y_stride = a.hidden;
+  const dim3 g2(unsigned(a.slots), unsigned(hc));
+  moe_tc_kernel<F, false><<<g2, kThreads, 0, stream>>>(a.table, a.plan, TcAct{h16, a.inter, h_inv, ic}, a.top_k,
+                                                       a.inter, o2);
+  MLA_GPU_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool moe_tc_device_ok() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  return major >= 8;
+}
+
+void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream) {
+  MLA_CHECK(moe_tc_shape_ok(format, args.hidden, args.inter), "moe_tc_launch: format {} hidden {} inter {}",
+            int(format), args.hidden, args.inter);
+  if (args.tokens <= 0 || args.pairs <= 0) return;
+  if (format == MoeFormat::FP8) launch_tc<MoeFormat::FP8>(args, stream);
+  else launch_tc<MoeFormat::I4_BF16>(args, stream);
+}
+
+#else  // HIP: no mma.sync; the dispatcher never picks this path.
+
+bool moe_tc_device_ok() { return false; }
+
+void moe_tc_launch(MoeFormat, const MoeTcArgs&, Stream) {
+  MLA_CHECK(false, "moe_tc_launch: tensor-core MoE decode needs a CUDA build");
+}
+
+#endif  // MLA_GPU_CUDA
+
+}  // namespace mla::gpu
