@@ -17,7 +17,7 @@ namespace mla::bench {
 //   bytes = (unique experts hit) x (gate + up + down, data + scales); FP8: 3 x 14.68 MB + 3 x 3.5 KB
 //   scales = 44.05 MB per expert; INT4 (group 32, BF16 scales): 3 x (7.34 + 0.92) MB = 24.8 MB.
 //   The backend runs GemmPrecision::Bf16, so batch <= 16 takes the tensor-core decode kernel
-//   (gpu_moe_decode_tc.h) for both formats; Fp32 mode would run the exact fp32 decode kernel.
+//   (gpu_decode_tc.h) for both formats; Fp32 mode would run the exact fp32 decode kernel.
 //   FLOPs = B x 8 x 3 x 2 x 7168 x 2048 (negligible: ~0.35 FLOP/B at B=1).
 // Batch 1 FP8: 8 experts = 354 MB -> ~82 us at 4.3 TB/s. Each call's routing is one of 32
 // pre-drawn random sets, so consecutive calls read different experts (no L2 reuse beyond chance).

@@ -32,6 +32,7 @@ const char* path_name(LinearPath p) {
     case LinearPath::Blas: return "blas";
     case LinearPath::TensorCore: return "tensorcore";
     case LinearPath::DequantBlas: return "dequant-blas";
+    case LinearPath::GemvTc: return "gemv-tc";
   }
   return "?";
 }
@@ -162,6 +163,41 @@ TEST(GpuParityLinear, Bf16Precision) {
       for (int64_t T : {17, 200})
         check_case(*bf16_be, kind, w, rng, T, T == 17, LinearPath::Auto, dequant_tol(in), " [bf16 mode]");
     }
+}
+
+// The tensor-core decode matvec (GemvTc; Auto's pick for FP8 / INT4-BF16-scale at T <= 16 in Bf16
+// mode): x rounded once (f16 for FP8, bf16 for INT4: within bf16_tol), W exact. Shapes: a few 64-row
+// CTAs and 2-5 K chunks, one 64-row CTA with the most K splits (32 x 1-2 chunks), DeepSeek's kv_a
+// (576 x 7168); T across the 8-column passes (1, 3, 8, 9, 16), strided and contiguous rows. Weights
+// the path must refuse (odd in / out, INT4 with F32 scales) fall back: Auto stays exact there.
+TEST(GpuParityLinear, GemvTensorCore) {
+  auto made = gpu::make_gpu_backend({.gemm_precision = gpu::GemmPrecision::Bf16});
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  std::unique_ptr<ops::Backend> bf16_be = std::move(made).value();
+  std::mt19937 rng(1112);
+  struct Shape {
+    WeightKind kind;
+    int64_t in, out;
+  };
+  const Shape takes[] = {{WeightKind::FP8, 320, 192},       {WeightKind::FP8, 2560, 64},
+                         {WeightKind::FP8, 7168, 576},      {WeightKind::INT4_BF16, 384, 128},
+                         {WeightKind::INT4_BF16, 4096, 64}, {WeightKind::INT4_BF16, 1024, 320}};
+  int flip = 0;
+  for (const Shape& sh : takes) {
+    TwinWeight w;
+    make_twin_weight(w, rng, sh.kind, sh.out, sh.in);
+    if (!gpu::linear_gemv_tc_supports(*bf16_be, w.gpu)) GTEST_SKIP() << "no tensor-core decode path here";
+    for (int64_t T : {1, 3, 8, 9, 16})
+      check_case(*bf16_be, sh.kind, w, rng, T, (flip++ & 1) != 0, LinearPath::GemvTc, bf16_tol(sh.in), " [bf16 mode]");
+    check_case(*bf16_be, sh.kind, w, rng, 5, true, LinearPath::Auto, bf16_tol(sh.in), " [bf16 mode]");
+  }
+  const Shape refuses[] = {{WeightKind::FP8, 300, 192}, {WeightKind::FP8, 320, 100}, {WeightKind::INT4_F32, 384, 128}};
+  for (const Shape& sh : refuses) {
+    TwinWeight w;
+    make_twin_weight(w, rng, sh.kind, sh.out, sh.in);
+    EXPECT_FALSE(gpu::linear_gemv_tc_supports(*bf16_be, w.gpu)) << weight_kind_name(sh.kind) << " " << sh.in;
+    check_case(*bf16_be, sh.kind, w, rng, 3, false, LinearPath::Auto, exact_tol(sh.in), " [bf16 mode, falls back]");
+  }
 }
 
 // DequantBlas forced (Auto picks it for FP8/INT4 at T > 16 on CUDA) in both precisions: Bf16 (W

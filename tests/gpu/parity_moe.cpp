@@ -247,7 +247,7 @@ TEST(GpuParityMoe, ExpertsDeepSeekShape) {
   }
 }
 
-// ---- GemmPrecision::Bf16: the tensor-core decode path (gpu_moe_decode_tc.h) ------------------------
+// ---- GemmPrecision::Bf16: the tensor-core decode path (gpu_decode_tc.h) ------------------------
 // Error basis: weights are exact (fp8 -> f16; bf16(q s) for INT4, weight_at's value); each GEMM's
 // activations (x for gate/up, h = silu(g) u for down) are rounded once, relative error <= u: f16
 // after a power-of-two scale per 64-k chunk (FP8, u = 2^-11), bf16 (INT4, u = 2^-8). With |x| < 1 and

@@ -1,14 +1,19 @@
 // GPU linear, out[T, out] = x[T, in] W^T, for every weight format, and its dispatch. Two exact fp32
 // kernels live here: a weight-streaming GEMV for decode (T <= 16, bound by reading W) and a tiled
-// SIMT GEMM fallback that takes any format and shape; the prefill fast paths are in
+// SIMT GEMM fallback that takes any format and shape. Serving decode of FP8 / INT4 weights goes to
+// the tensor-core matvec (gpu_decode_tc.cu, GemmPrecision::Bf16): the exact GEMV spends ~5-9
+// instructions per weight byte on dequantization and reached only 12% of copy bandwidth on
+// DeepSeek's 18432 x 7168 FP8 MLP (H200, ncu). The prefill fast paths are in
 // gpu_linear_blas.cu (cuBLASLt: BF16, and FP8/INT4 dequantized per call into a bounded bf16 scratch
 // chunk) and gpu_linear_tc.cu (mma.sync, FP8/INT4; forced only). Weights stay packed
 // (ARCHITECTURE rule 6): both kernels here dequantize in registers/shared memory with exactly
 // weight_at()'s values, trading peak FLOPs for one code path per format that is bit-faithful to the
 // CPU reference's dequantizer.
 #include <algorithm>
+#include <optional>
 
 #include "backend/gpu/gpu_backend_impl.h"
+#include "backend/gpu/gpu_decode_tc.h"
 #include "backend/gpu/gpu_linear.h"
 #include "backend/gpu/gpu_linear_state.h"
 
@@ -346,6 +351,54 @@ void run_gemv(GpuBackend& be, const float* x, int64_t ldx, int64_t T, const Devi
   }
 }
 
+// GemvTc's format for `w`, or nullopt when the path does not take it (format, shape, alignment).
+std::optional<MoeFormat> gemv_tc_format(const DeviceWeight& w) {
+  MoeFormat f;
+  if (w.format == ops::WeightFormat::Fp8Block128) f = MoeFormat::FP8;
+  else if (w.format == ops::WeightFormat::Int4Group32 && w.scale_dtype == DType::BF16) f = MoeFormat::I4_BF16;
+  else return std::nullopt;
+  if (!dense_tc_shape_ok(f, w.in, w.out) || gemv_format(w) == GemvFmt::Scalar) return std::nullopt;  // 16-byte rows
+  return f;
+}
+
+bool gemv_tc_device(GpuBackend& be) {
+  LinearState& st = be.linear_state();
+  if (st.tc_device < 0) st.tc_device = moe_tc_device_ok() ? 1 : 0;
+  return st.tc_device == 1;
+}
+
+// Split-K planes are summed by linear_gemv_reduce_kernel in split order (deterministic).
+void run_gemv_tc(GpuBackend& be, MoeFormat f, const float* x, int64_t ldx, int64_t T, const DeviceWeight& w,
+                 float* out, int64_t ldo) {
+  const DenseTcSplit split = dense_tc_split(f, w.in, w.out);
+  const size_t act = (dense_tc_act_bytes(T, w.in) + 255) / 256 * 256;
+  const size_t planes = split.splits > 1 ? size_t(split.splits * T * w.out) * sizeof(float) : 0;
+  char* scratch = static_cast<char*>(be.linear_state().tc_scratch.get(be, act + planes));
+  DenseTcArgs a;
+  a.w = w;
+  a.x = x;
+  a.x_stride = ldx;
+  a.tokens = int(T);
+  a.split = split;
+  a.scratch = scratch;
+  if (split.splits > 1) {
+    a.y = reinterpret_cast<float*>(scratch + act);
+    a.y_stride = w.out;
+    a.y_split_stride = T * w.out;
+  } else {
+    a.y = out;
+    a.y_stride = ldo;
+    a.y_split_stride = 0;
+  }
+  dense_tc_launch(f, a, be.stream());
+  if (split.splits > 1) {
+    const int64_t total = T * w.out;
+    const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 4 * 132));
+    linear_gemv_reduce_kernel<<<blocks, 256, 0, be.stream()>>>(a.y, int(split.splits), int(T), w.out, out, ldo);
+    MLA_GPU_LAUNCH_CHECK();
+  }
+}
+
 void check_activation(const TensorView& v, const char* what) {
   check_device_view(v, "linear", what);
   MLA_CHECK(v.dtype == DType::F32 && v.ndim == 2, "linear: {} {} must be F32 [T, n]", what, v.describe());
@@ -389,7 +442,10 @@ void linear_with_path(ops::Backend& backend, const TensorView& x, const ops::Wei
   const bool dense_bf16 = w.format == ops::WeightFormat::Dense && w.data.dtype == DType::BF16;
 
   if (path == LinearPath::Auto) {
-    if (T <= kGemvMaxTokens) path = LinearPath::Gemv;
+    if (T <= kGemvMaxTokens)
+      path = be->options().gemm_precision == GemmPrecision::Bf16 && gemv_tc_format(dw) && gemv_tc_device(*be)
+                 ? LinearPath::GemvTc
+                 : LinearPath::Gemv;
     else if (dense_bf16 && linear_has_blas()) path = LinearPath::Blas;
     // Bf16: a bf16 copy of W (one more rounding) buys cuBLASLt's speed. Fp32: W as 3 exact bf16
     // terms, 9x the FLOPs, still ~6x the mma.sync kernel (kDequantInFp32 off: back to TensorCore).
@@ -401,6 +457,13 @@ void linear_with_path(ops::Backend& backend, const TensorView& x, const ops::Wei
   }
   switch (path) {
     case LinearPath::Gemv: run_gemv(*be, x.as<const float>(), ldx, T, dw, out.as<float>(), ldo); return;
+    case LinearPath::GemvTc: {
+      const std::optional<MoeFormat> f = gemv_tc_format(dw);
+      MLA_CHECK(f.has_value() && gemv_tc_device(*be), "linear: the GemvTc path does not take {} [{}, {}] here",
+                ops::weight_format_name(w.format), n_out, in);
+      run_gemv_tc(*be, *f, x.as<const float>(), ldx, T, dw, out.as<float>(), ldo);
+      return;
+    }
     case LinearPath::Blas: {
       MLA_CHECK(dense_bf16 && linear_has_blas(), "linear: the Blas path needs a Dense BF16 weight on CUDA (got {} {})",
                 ops::weight_format_name(w.format), dtype_name(w.data.dtype));
@@ -433,6 +496,12 @@ void linear_with_path(ops::Backend& backend, const TensorView& x, const ops::Wei
     case LinearPath::Auto: break;
   }
   run_generic(*be, x.as<const float>(), ldx, T, dw, out.as<float>(), ldo);
+}
+
+bool linear_gemv_tc_supports(ops::Backend& backend, const ops::Weight& w) {
+  auto* be = dynamic_cast<GpuBackend*>(&backend);
+  return be != nullptr && ops::validate_weight(w).is_ok() && gemv_tc_format(device_weight(w)).has_value() &&
+         gemv_tc_device(*be);
 }
 
 void GpuBackend::linear(const TensorView& x, const ops::Weight& w, const TensorView& out) {

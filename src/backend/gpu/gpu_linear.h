@@ -9,7 +9,7 @@
 namespace mla::gpu {
 
 enum class LinearPath : uint8_t {
-  Auto,        // T <= 16: Gemv; T > 16 on CUDA: Blas (Dense BF16), DequantBlas (FP8, INT4); otherwise
+  Auto,        // T <= 16: GemvTc (Bf16 mode, where it applies) or Gemv; T > 16 on CUDA: Blas (Dense BF16), DequantBlas (FP8, INT4); otherwise
                // Generic. (TensorCore only when forced, or if kDequantInFp32 is turned off.)
   Generic,     // tiled SIMT fp32 GEMM, any format, any shape (the fallback and the HIP path)
   Gemv,        // weight-streaming decode kernel (T > 16 runs in groups of 16 tokens)
@@ -17,7 +17,13 @@ enum class LinearPath : uint8_t {
   TensorCore,  // mma.sync with in-smem dequantization (FP8, INT4 BF16/F32 scale; CUDA only)
   DequantBlas, // FP8/INT4 rows dequantized to a bf16 scratch chunk, then Blas (CUDA only): Bf16
                // precision rounds W to bf16 once; Fp32 splits W into 3 exact bf16 terms (9 products)
+  GemvTc,      // tensor-core weight-streaming decode (gpu_decode_tc.h: FP8 / INT4 BF16 scale, CUDA
+               // sm_80+, shape and alignment constraint); x rounded once to f16 (FP8) / bf16 (INT4).
+               // Auto takes it for T <= 16 in GemmPrecision::Bf16 where it applies, else Gemv.
 };
+
+// Whether the GemvTc path takes `w` on `backend` (a GpuBackend) in this build.
+bool linear_gemv_tc_supports(ops::Backend& backend, const ops::Weight& w);
 
 // out[T, out] = x[T, in] W^T on the GPU backend `backend` (must be a GpuBackend) through `path`.
 // Same contract as ops::Backend::linear; a path that cannot take the weight is an invariant failure.

@@ -1,13 +1,13 @@
 // MoE ops on the GPU: noaux_tc routing (one block per token, exact CPU selection order) and the
 // routed experts (device-built routing plan, then the decode (fp32, or tensor-core in Bf16 mode:
-// gpu_moe_decode_tc.cu) or grouped-GEMM expert kernels and a fixed-slot-order combine). Nothing here
+// gpu_decode_tc.cu) or grouped-GEMM expert kernels and a fixed-slot-order combine). Nothing here
 // syncs or copies per call; expert tables are cached per expert span, so decode steps capture into graphs.
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/gpu/gpu_backend_impl.h"
 #include "backend/gpu/gpu_moe.h"
-#include "backend/gpu/gpu_moe_decode_tc.h"
+#include "backend/gpu/gpu_decode_tc.h"
 #include "backend/gpu/gpu_moe_kernels.cuh"
 #include "backend/gpu/gpu_moe_state.h"
 
@@ -409,7 +409,7 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
             hidden);
   const MoePath path = moe_->path != MoePath::Auto ? moe_->path
                                                    : (num_tokens <= kDecodeMaxTokens ? MoePath::Decode : MoePath::Grouped);
-  // Serving precision: the tensor-core decode kernel where its constraint holds (gpu_moe_decode_tc.h),
+  // Serving precision: the tensor-core decode kernel where its constraint holds (gpu_decode_tc.h),
   // else the exact fp32 decode kernel. Depends on shapes, format and device only: graph-stable.
   if (moe_->tc_device < 0) moe_->tc_device = moe_tc_device_ok() ? 1 : 0;
   const bool use_tc = path == MoePath::Decode && options().gemm_precision == GemmPrecision::Bf16 &&

@@ -2,7 +2,7 @@
 // Auto picks the decode (weight-streaming GEMV) path for small batches and the grouped GEMM path for
 // prefill; tests force each path so both are checked against the CPU at every size. In
 // GemmPrecision::Bf16, Decode runs the tensor-core kernel where its constraint holds
-// (gpu_moe_decode_tc.h) and the exact fp32 decode kernel otherwise.
+// (gpu_decode_tc.h) and the exact fp32 decode kernel otherwise.
 #pragma once
 
 #include "ops/backend.h"

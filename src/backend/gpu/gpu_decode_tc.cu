@@ -1,11 +1,12 @@
-// Tensor-core MoE decode for GemmPrecision::Bf16 (constraint and interface: gpu_moe_decode_tc.h).
-// Weights are the mma A operand, read once from HBM with 16-byte evict-first loads straight into
-// fragments (no shared memory); an expert's tokens are the B columns (n = 8), prepared once as
-// 16-bit rows. FP8: e4m3 -> f16 exact (cvt.rn.f16x2.e4m3x2), activations f16 with a power-of-two
+// Tensor-core decode matvec for GemmPrecision::Bf16: MoE experts and dense linear layers (constraint
+// and interface: gpu_decode_tc.h). Weights are the mma A operand, read once from HBM with 16-byte
+// evict-first loads straight into fragments (no shared memory); an expert's tokens (a dense layer's
+// tokens) are the B columns (n = 8), prepared once as 16-bit rows. FP8: e4m3 -> f16 exact (cvt.rn.f16x2.e4m3x2), activations f16 with a power-of-two
 // scale per 64-k chunk, block scale applied to each 64-k partial sum in fp32. INT4: nibble -> exact
 // bf16(q * s) (the weight_at value), activations bf16. Only the activations are rounded.
-#include "backend/gpu/gpu_moe_decode_tc.h"
+#include "backend/gpu/gpu_decode_tc.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/gpu/gpu_device.cuh"
@@ -56,6 +57,23 @@ size_t moe_tc_scratch_bytes(int64_t tokens, int64_t pairs, int64_t hidden, int64
   return tc_layout(tokens, pairs, hidden, inter).total;
 }
 
+bool dense_tc_shape_ok(MoeFormat format, int64_t in, int64_t out) {
+  if (format != MoeFormat::FP8 && format != MoeFormat::I4_BF16) return false;
+  return in > 0 && out > 0 && in % chunk_k(format) == 0 && out % kActChunk == 0 && out / kActChunk <= 65535;
+}
+
+DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out) {
+  // ~4 CTAs per SM of an H200 (132 SMs) so enough 16-byte loads are in flight; at most 32 splits and
+  // at least one chunk each. Depends on the shape only (the same for every T and every replay).
+  constexpr int64_t kTargetCtas = 4 * 132, kMaxSplits = 32;
+  const int64_t row_ctas = out / kActChunk, chunks = in / chunk_k(format);
+  const int64_t want = std::clamp<int64_t>((kTargetCtas + row_ctas - 1) / row_ctas, 1, std::min(chunks, kMaxSplits));
+  const int64_t per = (chunks + want - 1) / want;
+  return {(chunks + per - 1) / per, per};
+}
+
+size_t dense_tc_act_bytes(int64_t tokens, int64_t in) { return tc_layout(tokens, 0, in, 0).h16; }
+
 #if MLA_GPU_CUDA
 
 namespace {
@@ -95,8 +113,17 @@ struct TcOut {
   int64_t h_stride;
   float* h_inv;         // gate/up, FP8: [pairs, inter / 64]
   int64_t h_inv_stride;
-  float* y;             // down: [pairs, hidden] by pair index
+  float* y;             // down: [pairs, hidden] by pair index (dense: [tokens, out] by token)
   int64_t y_stride;
+  int64_t y_split_stride;  // dense with split K: elements between the partial planes of the splits
+};
+
+// A dense layer as the kernel's one "expert": weight w, tokens 0..cols-1 in order, and the K range
+// of split blockIdx.x = chunks [x * chunks_per_split, + chunks_per_split).
+struct TcDense {
+  DeviceWeight w;
+  int cols;
+  int64_t chunks_per_split;
 };
 
 // INT4 B storage order: logical k = 8 c + j sits at 8 c + 2 (j % 4) + j / 4, i.e. a group of 8 is
@@ -199,9 +226,13 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
 // and the f16 activation scale is constant per (column, 64-k chunk), so a chunk's 4 steps go into a
 // zeroed partial tmp and acc += tmp * (block scale x column inv). INT4: lane t's piece is exactly
 // group 4c + t of its rows, and the scale is folded into the A values.
-template <MoeFormat F, bool kGateUp>
+// Dense (kDense, down-shaped): grid (splits, out / 64); the CTA computes its rows over split x's K
+// range for every token and writes them to partial plane x (or y itself when there is one split).
+template <MoeFormat F, bool kGateUp, bool kDense>
 __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
-                                                             TcAct act, int top_k, int64_t k_dim, TcOut out) {
+                                                             TcAct act, int top_k, int64_t k_dim, TcOut out,
+                                                             TcDense dense) {
+  static_assert(!(kDense && kGateUp), "a dense layer is one matrix");
   constexpr bool kFp8 = F == MoeFormat::FP8;
   constexpr int kMats = kGateUp ? 2 : 1;
   constexpr int kU = kGateUp ? 4 : 8;          // chunks whose weight loads are in flight together
@@ -211,19 +242,33 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   constexpr int kRowUnit = kFp8 ? 1 : 4;       // bytes per data_stride unit
   __shared__ float colmax[kWarps][kCols];
 
-  if (int(blockIdx.x) >= plan.counters[0]) return;  // uniform per CTA: before any barrier
-  const int e = plan.active[blockIdx.x];
-  const DeviceExpert& ex = table[e];
+  // The CTA's matrices (gate, up or down of its expert; the dense weight), columns and K chunks.
+  const DeviceWeight* wsel[kMats];
+  int begin = 0, end = 0;
+  int64_t c_begin = 0, c_end = k_dim / kChunkK;
+  if constexpr (kDense) {
+    wsel[0] = &dense.w;
+    end = dense.cols;
+    c_begin = int64_t(blockIdx.x) * dense.chunks_per_split;
+    c_end = min(c_end, c_begin + dense.chunks_per_split);
+  } else {
+    if (int(blockIdx.x) >= plan.counters[0]) return;  // uniform per CTA: before any barrier
+    const int e = plan.active[blockIdx.x];
+    const DeviceExpert& ex = table[e];
+    wsel[0] = kGateUp ? &ex.gate : &ex.down;
+    if constexpr (kMats > 1) wsel[1] = &ex.up;
+    begin = plan.offsets[e];
+    end = plan.offsets[e + 1];
+  }
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(blockIdx.y) * kCtaRows + warp * kTileM;
-  const int64_t nchunks = k_dim / kChunkK;
 
   const uint4* arow[kMats][2];                         // lane's piece of chunk 0, rows row0 + g (+8)
   [[maybe_unused]] const float* fp8_scale[kMats];       // FP8: the 128-row block's scale row
   [[maybe_unused]] const uint16_t* i4_scale[kMats][2];  // INT4: group t of rows row0 + g (+8)
 #pragma unroll
   for (int m = 0; m < kMats; ++m) {
-    const DeviceWeight& w = m == 0 ? (kGateUp ? ex.gate : ex.down) : ex.up;
+    const DeviceWeight& w = *wsel[m];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t r = row0 + g + 8 * h;
@@ -233,7 +278,6 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
     if constexpr (kFp8) fp8_scale[m] = static_cast<const float*>(w.scale) + (row0 / 128) * w.scale_stride;
   }
 
-  const int begin = plan.offsets[e], end = plan.offsets[e + 1];
   for (int p0 = begin; p0 < end; p0 += kCols) {  // uniform per CTA (same expert)
     const int ncols = min(kCols, end - p0);
     // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
@@ -253,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][i] = 0.0f;
 
-    for (int64_t c0 = 0; c0 < nchunks; c0 += kU) {
+    for (int64_t c0 = c_begin; c0 < c_end; c0 += kU) {
       // Issue every weight load of kU chunks before consuming any.
       uint4 a[kU][kMats][2];
       [[maybe_unused]] uint32_t sbits[kU][kMats][2];  // INT4: bf16 bits of the lane's group scale
@@ -264,14 +308,14 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
         for (int m = 0; m < kMats; ++m)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            a[u][m][h] = c < nchunks ? __ldcs(arow[m][h] + 4 * c) : make_uint4(0u, 0u, 0u, 0u);
-            if constexpr (!kFp8) sbits[u][m][h] = c < nchunks ? uint32_t(i4_scale[m][h][4 * c]) : 0u;
+            a[u][m][h] = c < c_end ? __ldcs(arow[m][h] + 4 * c) : make_uint4(0u, 0u, 0u, 0u);
+            if constexpr (!kFp8) sbits[u][m][h] = c < c_end ? uint32_t(i4_scale[m][h][4 * c]) : 0u;
           }
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const int64_t c = c0 + u;
-        if (c >= nchunks) continue;  // warp-uniform; only in the last step
+        if (c >= c_end) continue;  // warp-uniform; only in the last step
         uint4 b[kBVec];
 #pragma unroll
         for (int i = 0; i < kBVec; ++i)
@@ -360,10 +404,14 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
         }
       }
     } else {
+      float* y = out.y + (kDense ? int64_t(blockIdx.x) * out.y_split_stride : 0);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int col = 2 * t + i % 2;
-        if (col < ncols) out.y[int64_t(plan.sorted[p0 + col]) * out.y_stride + row0 + g + 8 * (i / 2)] = acc[0][i];
+        if (col < ncols) {
+          const int64_t yrow = kDense ? int64_t(p0 + col) : int64_t(plan.sorted[p0 + col]);
+          y[yrow * out.y_stride + row0 + g + 8 * (i / 2)] = acc[0][i];
+        }
       }
     }
   }
@@ -389,16 +437,36 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   o1.h_inv = h_inv;
   o1.h_inv_stride = ic;
   const dim3 g1(unsigned(a.slots), unsigned(ic));
-  moe_tc_kernel<F, true><<<g1, kThreads, 0, stream>>>(a.table, a.plan, TcAct{x16, a.hidden, x_inv, hc}, a.top_k,
-                                                      a.hidden, o1);
+  moe_tc_kernel<F, true, false><<<g1, kThreads, 0, stream>>>(a.table, a.plan, TcAct{x16, a.hidden, x_inv, hc},
+                                                             a.top_k, a.hidden, o1, TcDense{});
   MLA_GPU_LAUNCH_CHECK();
 
   TcOut o2{};
   o2.y = a.y;
   o2.y_stride = a.hidden;
   const dim3 g2(unsigned(a.slots), unsigned(hc));
-  moe_tc_kernel<F, false><<<g2, kThreads, 0, stream>>>(a.table, a.plan, TcAct{h16, a.inter, h_inv, ic}, a.top_k,
-                                                       a.inter, o2);
+  moe_tc_kernel<F, false, false><<<g2, kThreads, 0, stream>>>(a.table, a.plan, TcAct{h16, a.inter, h_inv, ic},
+                                                              a.top_k, a.inter, o2, TcDense{});
+  MLA_GPU_LAUNCH_CHECK();
+}
+
+template <MoeFormat F> void launch_dense_tc(const DenseTcArgs& a, Stream stream) {
+  constexpr bool kFp8 = F == MoeFormat::FP8;
+  const TcLayout l = tc_layout(a.tokens, 0, a.w.in, 0);
+  char* base = static_cast<char*>(a.scratch);
+  auto* x16 = reinterpret_cast<uint16_t*>(base + l.x16);
+  auto* x_inv = reinterpret_cast<float*>(base + l.x_inv);
+  const int64_t kc = a.w.in / kActChunk;
+  const dim3 gp(unsigned((kc + kWarps - 1) / kWarps), unsigned(a.tokens));
+  moe_tc_prep_kernel<kFp8><<<gp, kThreads, 0, stream>>>(a.x, a.x_stride, a.w.in, x16, a.w.in, x_inv, kc);
+  MLA_GPU_LAUNCH_CHECK();
+  TcOut o{};
+  o.y = a.y;
+  o.y_stride = a.y_stride;
+  o.y_split_stride = a.y_split_stride;
+  const dim3 grid(unsigned(a.split.splits), unsigned(a.w.out / kActChunk));
+  moe_tc_kernel<F, false, true><<<grid, kThreads, 0, stream>>>(nullptr, moe::Plan{}, TcAct{x16, a.w.in, x_inv, kc}, 1,
+                                                               a.w.in, o, TcDense{a.w, a.tokens, a.split.chunks_per_split});
   MLA_GPU_LAUNCH_CHECK();
 }
 
@@ -419,9 +487,20 @@ void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream) {
   else launch_tc<MoeFormat::I4_BF16>(args, stream);
 }
 
+void dense_tc_launch(MoeFormat format, const DenseTcArgs& args, Stream stream) {
+  MLA_CHECK(dense_tc_shape_ok(format, args.w.in, args.w.out) && args.tokens > 0 && args.split.splits >= 1,
+            "dense_tc_launch: format {} in {} out {} tokens {}", int(format), args.w.in, args.w.out, args.tokens);
+  if (format == MoeFormat::FP8) launch_dense_tc<MoeFormat::FP8>(args, stream);
+  else launch_dense_tc<MoeFormat::I4_BF16>(args, stream);
+}
+
 #else  // HIP: no mma.sync; the dispatcher never picks this path.
 
 bool moe_tc_device_ok() { return false; }
+
+void dense_tc_launch(MoeFormat, const DenseTcArgs&, Stream) {
+  MLA_CHECK(false, "dense_tc_launch: the tensor-core decode matvec needs a CUDA build");
+}
 
 void moe_tc_launch(MoeFormat, const MoeTcArgs&, Stream) {
   MLA_CHECK(false, "moe_tc_launch: tensor-core MoE decode needs a CUDA build");
