@@ -4,14 +4,14 @@
 # --speculative draft at several K, on two pairs:
 #   1. the embedded model and its trained draft (launch-bound: a 4-layer target step is ~0.35 ms);
 #   2. a large synthetic target whose step is bandwidth-bound: DeepSeek-V3 widths, FP8, all layers
-#      dense (MLA_SPEC_LAYERS, default 40: ~24 GB, ~13 GB read per token), and a draft built to agree
+#      dense (MLA_SPEC_LAYERS, default 30: ~21 GB, ~19 GB read per token; no MTP block), and a draft built to agree
 #      with it: the SAME seed with one layer (its tensors are the target's first layer, embedding and
 #      lm_head byte for byte). Both are written with --branch-gain MLA_SPEC_GAIN, which scales the
 #      weights writing into the residual stream so the deeper layers perturb the shared
 #      embedding -> lm_head path only slightly; the gain sets how often the two agree.
 # Usage: tools/spec_bench.sh BUILD_DIR OUT_DIR [--large-only|--embedded-only]
 # Env: MLA_SPEC_DIR (default /tmp/mla_spec: the large pair is written there unless present),
-#      MLA_SPEC_LAYERS, MLA_SPEC_GAIN (default 0.02), MLA_SPEC_TOKENS (tokens generated, default 256).
+#      MLA_SPEC_LAYERS, MLA_SPEC_GAIN (default 0.015), MLA_SPEC_TOKENS (tokens generated, default 256).
 set -uo pipefail
 usage="usage: spec_bench.sh BUILD_DIR OUT_DIR [--large-only|--embedded-only]"
 build=$(realpath "${1:?$usage}")
@@ -21,8 +21,8 @@ cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH="$build/shipped-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 bin="$build/mlaserve"
 dir=${MLA_SPEC_DIR:-/tmp/mla_spec}
-layers=${MLA_SPEC_LAYERS:-40}
-gain=${MLA_SPEC_GAIN:-0.02}
+layers=${MLA_SPEC_LAYERS:-30}
+gain=${MLA_SPEC_GAIN:-0.015}
 tokens=${MLA_SPEC_TOKENS:-256}
 rows=()  # "pair|K|decode tok/s|speed-up|mean accepted length|per position"
 
@@ -66,8 +66,8 @@ if [ "$mode" != "--embedded-only" ]; then
   mk() {  # dir layers
     [ -f "$1/config.json" ] && return 0
     local t0=$(date +%s)
-    "$bin" make-model --preset deepseek-v3 --dtype fp8 --layers "$2" --dense-layers "$2" --branch-gain "$gain" \
-      --seed 1 --out "$1" >"$out/make_$(basename "$1").log" 2>&1 || { echo "make-model $1 failed"; return 1; }
+    "$bin" make-model --preset deepseek-v3 --dtype fp8 --layers "$2" --dense-layers "$2" --mtp-layers 0 \
+      --branch-gain "$gain" --seed 1 --out "$1" >"$out/make_$(basename "$1").log" 2>&1 || { echo "make-model $1 failed"; return 1; }
     echo "wrote $1 ($(du -sh "$1" | cut -f1)) in $(( $(date +%s) - t0 )) s"
   }
   if mk "$dir/target" "$layers" && mk "$dir/draft" 1; then
