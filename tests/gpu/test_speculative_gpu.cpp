@@ -1,6 +1,7 @@
 // Speculative decoding on the GPU backend (issue #8, "the same tests on the H200"): the embedded model
 // with its trained draft, greedy output against non-speculative greedy output at K in {1, 2, 4} and
-// batch 1 and 8, no leaked blocks, and a sampled run that completes. fp32 GEMMs and the naive MLA path
+// batch 1 and 8, no leaked blocks, and a sampled run that completes; the same greedy identity for
+// the feature-fed drafts (MTP, EAGLE-3) on the tiny MTP target (spec/feature_fed_greedy.h). fp32 GEMMs and the naive MLA path
 // on both sides, so a verification row and a decode row differ at most by summation order inside the
 // GPU kernels; the test reports the acceptance it measured.
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include "runtime/engine.h"
 #include "spec/spec_test_util.h"
 #include "spec/deepseek_draft.h"
+#include "spec/feature_fed_greedy.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mla::test {
@@ -154,6 +156,28 @@ TEST(GpuSpeculative, GraphsSurviveScratchGrowthAcrossBatchSizes) {
   EXPECT_TRUE((*e)->healthy());
   EXPECT_GT((*e)->metrics().spec.num_accepted_tokens, 0);
 }
+
+// MTP and EAGLE-3 on the GPU (fp32 GEMMs, naive MLA on both sides, as above).
+FeatureFedTarget& feature_fed_target() {
+  static std::unique_ptr<FeatureFedTarget> t = [] {
+    gpu::GpuBackendOptions o;
+    o.gemm_precision = gpu::GemmPrecision::Fp32;
+    auto b = gpu::make_gpu_backend(o);
+    EXPECT_TRUE(b.is_ok()) << b.status().message();
+    return make_feature_fed_target(std::move(b).value(), "gpu");
+  }();
+  return *t;
+}
+const auto* const kMtpCleanup = ::testing::AddGlobalTestEnvironment(new TinyMtpCleanup);
+
+class GpuFeatureFedGreedy : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {};
+
+TEST_P(GpuFeatureFedGreedy, IdenticalToNonSpeculative) {
+  const auto [kind, k, batch] = GetParam();
+  check_feature_fed_greedy(feature_fed_target(), kind, k, batch);
+}
+
+INSTANTIATE_TEST_SUITE_P(KindsKAndBatch, GpuFeatureFedGreedy, feature_fed_grid(), feature_fed_name);
 
 }  // namespace
 }  // namespace mla::test
