@@ -157,6 +157,30 @@ TEST(GpuSpeculative, GraphsSurviveScratchGrowthAcrossBatchSizes) {
   EXPECT_GT((*e)->metrics().spec.num_accepted_tokens, 0);
 }
 
+// Rollback on the GPU: the CPU suite's 100 requests, a third cancelled, on the embedded pair in the
+// serving configuration (graphs, BF16 cache, absorbed verification).
+TEST(GpuSpeculative, NoBlockLeaksAfter100RequestsSomeCancelled) {
+  GpuModels& m = models();
+  runtime::EngineConfig c = config(4);
+  c.mla_path = model::MlaPath::Auto;
+  c.decode_graphs = true;
+  c.kv_cache_dtype = DType::BF16;
+  c.num_blocks = 160;
+  auto e = runtime::Engine::create(*m.target->model, *m.target->backend, m.tok.get(), c, m.draft.get());
+  ASSERT_TRUE(e.is_ok()) << e.status().message();
+  const std::vector<runtime::RequestParams> base = requests(8);
+  runtime::RequestParams after = base[0];
+  after.ignore_eos = true;
+  check_no_block_leaks_after_100_requests_some_cancelled(
+      **e,
+      [&](int i) {
+        runtime::RequestParams p = base[size_t(i % 8)];
+        p.max_tokens = 6 + i % 13;
+        return p;
+      },
+      after);
+}
+
 // MTP and EAGLE-3 on the GPU (fp32 GEMMs, naive MLA on both sides, as above).
 FeatureFedTarget& feature_fed_target() {
   static std::unique_ptr<FeatureFedTarget> t = [] {

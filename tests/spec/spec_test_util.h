@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -44,6 +45,35 @@ inline runtime::EngineMetrics settled(runtime::Engine& e) {
     m = e.metrics();
   }
   return m;
+}
+
+// Rollback (issue #8): 100 speculative requests (greedy and sampled, some ignoring EOS; request i
+// built from base(i) with a distinct last prompt token) with a third of them cancelled mid-flight.
+// Every stream ends, no block stays in use, drafts were made, and the engine still serves `after`.
+inline void check_no_block_leaks_after_100_requests_some_cancelled(
+    runtime::Engine& e, const std::function<runtime::RequestParams(int)>& base, const runtime::RequestParams& after) {
+  std::vector<runtime::SubmitResult> subs;
+  for (int i = 0; i < 100; ++i) {
+    runtime::RequestParams p = base(i);
+    p.prompt.push_back(int32_t(40 + i % 50));
+    if (i % 2) {
+      p.sampling.temperature = 0.7f + 0.1f * float(i % 4);
+      p.sampling.top_k = i % 3 == 0 ? 0 : 20;
+      p.sampling.seed = uint64_t(i);
+    }
+    p.ignore_eos = i % 5 == 0;
+    subs.push_back(e.submit(p));
+    ASSERT_TRUE(subs.back().ok());
+  }
+  for (int i = 0; i < 100; i += 3) e.abort(subs[size_t(i)].stream->id());
+  int finished = 0;
+  for (auto& s : subs) finished += collect_stream(*s.stream).finished ? 1 : 0;
+  EXPECT_EQ(finished, 100);
+  const runtime::EngineMetrics m = settled(e);
+  EXPECT_EQ(m.num_blocks_used, 0);
+  EXPECT_GT(m.spec.num_draft_tokens, 0);
+  const runtime::RequestOutput out = run_all(e, {after})[0];
+  EXPECT_EQ(int(out.token_ids.size()), after.max_tokens);
 }
 
 }  // namespace mla::test

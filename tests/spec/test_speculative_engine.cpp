@@ -197,29 +197,8 @@ TEST(Speculative, PreemptionUnderATinyPoolKeepsGreedyOutput) {
 TEST(Speculative, NoBlockLeaksAfter100RequestsSomeCancelled) {
   auto e = make_engine(config(4, /*num_blocks=*/160), models().draft.get());
   ASSERT_TRUE(e);
-  std::vector<runtime::SubmitResult> subs;
-  for (int i = 0; i < 100; ++i) {
-    RequestParams p = greedy_requests(1, 6 + i % 13)[0];
-    p.prompt.push_back(int32_t(40 + i % 50));
-    if (i % 2) {
-      p.sampling.temperature = 0.7f + 0.1f * float(i % 4);
-      p.sampling.top_k = i % 3 == 0 ? 0 : 20;
-      p.sampling.seed = uint64_t(i);
-    }
-    p.ignore_eos = i % 5 == 0;
-    subs.push_back(e->submit(p));
-    ASSERT_TRUE(subs.back().ok());
-  }
-  for (int i = 0; i < 100; i += 3) e->abort(subs[size_t(i)].stream->id());
-  int finished = 0;
-  for (auto& s : subs) finished += collect_stream(*s.stream).finished ? 1 : 0;
-  EXPECT_EQ(finished, 100);
-  const runtime::EngineMetrics m = settled(*e);
-  EXPECT_EQ(m.num_blocks_used, 0);
-  EXPECT_GT(m.spec.num_draft_tokens, 0);
-  // The engine still answers.
-  const RequestOutput after = run_all(*e, greedy_requests(1, 5))[0];
-  EXPECT_EQ(after.token_ids.size(), 5u);
+  check_no_block_leaks_after_100_requests_some_cancelled(
+      *e, [](int i) { return greedy_requests(1, 6 + i % 13)[0]; }, greedy_requests(1, 5)[0]);
 }
 
 TEST(Speculative, LogprobsMatchNonSpeculative) {
