@@ -6,8 +6,8 @@
 #include <cstdint>
 
 #include "backend/gpu/gpu_backend_impl.h"
-#include "backend/gpu/gpu_moe.h"
 #include "backend/gpu/gpu_decode_tc.h"
+#include "backend/gpu/gpu_moe.h"
 #include "backend/gpu/gpu_moe_kernels.cuh"
 #include "backend/gpu/gpu_moe_state.h"
 
