@@ -8,14 +8,12 @@
 #                                                        the end-to-end benchmark (load, decode, prefill)
 # The e2e model is DeepSeek-V3 FP8 with MLA_E2E_LAYERS (default 5 = 3 dense + 2 MoE) layers and
 # MLA_E2E_EXPERTS (default 256) routed experts in MLA_E2E_MODEL_DIR (default /tmp/mla_e2e_dsv3_fp8).
-# Size and time: 5 layers x 256 experts = ~29 GB (the 64 GB disk holds one). make-model fills each
-# tensor on all cores (OpenMP) while the previous one is written; measured on the 2-core dev VM at
-# ~38 MB/s per core for this fp8 mix (17.9 GB in 273 s on 2 threads, was 1336 s on one), so on the
-# host's 16 cores expect ~1-2 min (~0.6 GB/s of generation, near the disk's rate; an estimate until
-# timed there) instead of ~11. The benchmark's own 540 s limit still makes --e2e-model, then --e2e
-# in the next call while the machine is held, the safe split; MLA_E2E_EXPERTS=64 (~12 GB; batch-1
-# decode still reads exactly 8 experts per MoE layer, so the decode roofline is unchanged; prefill
-# gives each expert 4x more tokens) shortens both.
+# Size and time: 5 layers x 256 experts, plus the preset's MTP block = 40 GB (the 64 GB disk holds
+# one). make-model fills each tensor on all cores (OpenMP) while the previous one is written: on the
+# H200 host (16 cores) it wrote this model in 153 s, and the whole --e2e run took 186 s (2026-11-29),
+# so one 10-min call does it. MLA_E2E_EXPERTS=64 (batch-1 decode still reads exactly 8 experts per
+# MoE layer, so the decode roofline is unchanged; prefill gives each expert 4x more tokens) shortens
+# it further.
 # Each stage runs in its own process under a timeout, so a crash or hang in one still leaves the
 # others' results; full logs go to OUT_DIR and one short table (stage, result, key numbers) ends it.
 # Exit status: 0 when every stage passed.
