@@ -87,6 +87,54 @@ TEST(GpuParityMla, AbsorbQAndExpandV) {
   absorb_expand_case(rng, WeightKind::INT4_BF16, real_dims(16), 1);
 }
 
+// GemmPrecision::Bf16 with FP8 / INT4 kv_b: the tensor-core path (W_UK^T transposed per call for
+// absorb_q, FP8 only; W_UV's rows per head for expand_v). x is rounded once (f16 for FP8 with a
+// power-of-two scale, bf16 for INT4), W exact, fp32 accumulation: within 2^-8 of sum|x w| <=
+// 2^-8 (K / 4 + 1) for |x| < 1, |w| <= 0.5 (K = d_n for absorb_q, r for expand_v). Shapes the path
+// refuses (d_n = 24) fall back to the exact kernels in the same mode.
+TEST(GpuParityMla, AbsorbQAndExpandVTensorCoreBf16) {
+  auto made = gpu::make_gpu_backend({.gemm_precision = gpu::GemmPrecision::Bf16});
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  std::unique_ptr<ops::Backend> bf16 = std::move(made).value();
+  std::mt19937 rng(303);
+  const auto tol = [](int64_t k) {
+    return Tolerance{std::ldexp(1.0, -8) * (0.25 * double(k) + 1.0), 0.0, "x rounded once: 2^-8 sum|xw|"};
+  };
+  struct Case {
+    WeightKind kind;
+    ops::MlaDims d;
+    bool takes;  // the tensor-core path applies (else the exact kernels run: kGemmTol)
+  };
+  const Case cases[] = {{WeightKind::FP8, real_dims(16), true},        {WeightKind::FP8, real_dims(1), true},
+                        {WeightKind::FP8, real_dims(128), true},       {WeightKind::INT4_BF16, real_dims(16), true},
+                        {WeightKind::FP8, mla_dims(20, 128, 64, 128, 256), true},
+                        {WeightKind::FP8, mla_dims(12, 24, 8, 40, 160), false}};
+  for (const Case& c : cases)
+    for (int64_t tokens : {int64_t(1), int64_t(3), int64_t(9), int64_t(16)}) {
+      const int64_t heads = c.d.num_heads, dn = c.d.qk_nope_head_dim, dr = c.d.qk_rope_head_dim;
+      const int64_t dv = c.d.v_head_dim, r = c.d.kv_lora_rank;
+      TwinWeight kv_b;
+      make_twin_weight(kv_b, rng, c.kind, heads * (dn + dv), r);
+      const std::string name = fmt::format("{} H {} T {} dn {} dv {} r {} [bf16 {}]", weight_kind_name(c.kind), heads,
+                                           tokens, dn, dv, r, c.takes ? "tc" : "fallback");
+      Twin q = twin_random(rng, DType::F32, {tokens, heads, dn + dr}).slice(2, 0, dn);
+      Twin qa = twin_output(DType::F32, {tokens, heads, r + dr}).slice(2, 0, r);
+      cpu_backend().mla_absorb_q(q.cpu, kv_b.cpu, c.d, qa.cpu);
+      bf16->mla_absorb_q(q.gpu, kv_b.gpu, c.d, qa.gpu);
+      bf16->synchronize();
+      // INT4 absorb_q keeps the exact kernel (its group scales do not transpose).
+      const bool absorb_tc = c.takes && c.kind == WeightKind::FP8;
+      EXPECT_TRUE(check_parity("mla_absorb_q", name, qa, absorb_tc ? tol(dn) : kGemmTol));
+
+      Twin o = twin_random(rng, DType::F32, {tokens, heads, r + 3}).slice(2, 0, r);
+      Twin ov = twin_output(DType::F32, {tokens, heads, dv + 2}).slice(2, 0, dv);
+      cpu_backend().mla_expand_v(o.cpu, kv_b.cpu, c.d, ov.cpu);
+      bf16->mla_expand_v(o.gpu, kv_b.gpu, c.d, ov.gpu);
+      bf16->synchronize();
+      EXPECT_TRUE(check_parity("mla_expand_v", name, ov, c.takes ? tol(r) : kGemmTol));
+    }
+}
+
 // ---- absorbed attention --------------------------------------------------------------------------
 
 // fp32 end to end on both sides, over the same cache values (a BF16 cache is widened exactly by both):

@@ -72,7 +72,7 @@ DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out) {
   return {(chunks + per - 1) / per, per};
 }
 
-size_t dense_tc_act_bytes(int64_t tokens, int64_t in) { return tc_layout(tokens, 0, in, 0).h16; }
+size_t dense_tc_act_bytes(int64_t rows, int64_t in) { return tc_layout(rows, 0, in, 0).h16; }
 
 #if MLA_GPU_CUDA
 
@@ -119,11 +119,15 @@ struct TcOut {
 };
 
 // A dense layer as the kernel's one "expert": weight w, tokens 0..cols-1 in order, and the K range
-// of split blockIdx.x = chunks [x * chunks_per_split, + chunks_per_split).
+// of split blockIdx.x = chunks [x * chunks_per_split, + chunks_per_split). With heads > 1 (per-head
+// matvecs, the MLA absorption), blockIdx.z = head h uses weight rows from h * w_head_rows, reads
+// activation row t * heads + h and writes y at t * y_stride + h * y_head_stride.
 struct TcDense {
   DeviceWeight w;
   int cols;
   int64_t chunks_per_split;
+  int heads;
+  int64_t w_head_rows, y_head_stride;
 };
 
 // INT4 B storage order: logical k = 8 c + j sits at 8 c + 2 (j % 4) + j / 4, i.e. a group of 8 is
@@ -262,6 +266,10 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   }
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(blockIdx.y) * kCtaRows + warp * kTileM;
+  // Dense per-head matvecs: this CTA's head and its first weight row (a multiple of 128 for FP8, so
+  // the 128-row scale block stays uniform over the warp's 16 rows; the host checks it).
+  [[maybe_unused]] const int head = kDense ? int(blockIdx.z) : 0;
+  const int64_t wrow0 = kDense ? int64_t(head) * dense.w_head_rows : 0;
 
   const uint4* arow[kMats][2];                         // lane's piece of chunk 0, rows row0 + g (+8)
   [[maybe_unused]] const float* fp8_scale[kMats];       // FP8: the 128-row block's scale row
@@ -271,17 +279,18 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
     const DeviceWeight& w = *wsel[m];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t r = row0 + g + 8 * h;
+      const int64_t r = wrow0 + row0 + g + 8 * h;
       arow[m][h] = reinterpret_cast<const uint4*>(static_cast<const char*>(w.data) + r * w.data_stride * kRowUnit) + t;
       if constexpr (!kFp8) i4_scale[m][h] = static_cast<const uint16_t*>(w.scale) + r * w.scale_stride + t;
     }
-    if constexpr (kFp8) fp8_scale[m] = static_cast<const float*>(w.scale) + (row0 / 128) * w.scale_stride;
+    if constexpr (kFp8) fp8_scale[m] = static_cast<const float*>(w.scale) + ((wrow0 + row0) / 128) * w.scale_stride;
   }
 
   for (int p0 = begin; p0 < end; p0 += kCols) {  // uniform per CTA (same expert)
     const int ncols = min(kCols, end - p0);
     // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
     auto act_row = [&](int n) -> int64_t {
+      if constexpr (kDense) return int64_t(p0 + n) * dense.heads + head;
       return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n);
     };
     const uint4* brow = g < ncols ? reinterpret_cast<const uint4*>(act.data + act_row(g) * act.stride) + t * kBVec
@@ -404,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
         }
       }
     } else {
-      float* y = out.y + (kDense ? int64_t(blockIdx.x) * out.y_split_stride : 0);
+      float* y = out.y + (kDense ? int64_t(blockIdx.x) * out.y_split_stride + head * dense.y_head_stride : 0);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int col = 2 * t + i % 2;
@@ -452,21 +461,23 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
 
 template <MoeFormat F> void launch_dense_tc(const DenseTcArgs& a, Stream stream) {
   constexpr bool kFp8 = F == MoeFormat::FP8;
-  const TcLayout l = tc_layout(a.tokens, 0, a.w.in, 0);
+  const int64_t rows = int64_t(a.tokens) * a.heads;  // activation rows: token-major, then head
+  const TcLayout l = tc_layout(rows, 0, a.w.in, 0);
   char* base = static_cast<char*>(a.scratch);
   auto* x16 = reinterpret_cast<uint16_t*>(base + l.x16);
   auto* x_inv = reinterpret_cast<float*>(base + l.x_inv);
   const int64_t kc = a.w.in / kActChunk;
-  const dim3 gp(unsigned((kc + kWarps - 1) / kWarps), unsigned(a.tokens));
+  const dim3 gp(unsigned((kc + kWarps - 1) / kWarps), unsigned(rows));
   moe_tc_prep_kernel<kFp8><<<gp, kThreads, 0, stream>>>(a.x, a.x_stride, a.w.in, x16, a.w.in, x_inv, kc);
   MLA_GPU_LAUNCH_CHECK();
   TcOut o{};
   o.y = a.y;
   o.y_stride = a.y_stride;
   o.y_split_stride = a.y_split_stride;
-  const dim3 grid(unsigned(a.split.splits), unsigned(a.w.out / kActChunk));
+  const dim3 grid(unsigned(a.split.splits), unsigned(a.w.out / kActChunk), unsigned(a.heads));
+  const TcDense d{a.w, a.tokens, a.split.chunks_per_split, a.heads, a.w_head_rows, a.y_head_stride};
   moe_tc_kernel<F, false, true><<<grid, kThreads, 0, stream>>>(nullptr, moe::Plan{}, TcAct{x16, a.w.in, x_inv, kc}, 1,
-                                                               a.w.in, o, TcDense{a.w, a.tokens, a.split.chunks_per_split});
+                                                               a.w.in, o, d);
   MLA_GPU_LAUNCH_CHECK();
 }
 
@@ -488,8 +499,11 @@ void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream) {
 }
 
 void dense_tc_launch(MoeFormat format, const DenseTcArgs& args, Stream stream) {
-  MLA_CHECK(dense_tc_shape_ok(format, args.w.in, args.w.out) && args.tokens > 0 && args.split.splits >= 1,
-            "dense_tc_launch: format {} in {} out {} tokens {}", int(format), args.w.in, args.w.out, args.tokens);
+  MLA_CHECK(dense_tc_shape_ok(format, args.w.in, args.w.out) && args.tokens > 0 && args.split.splits >= 1 &&
+                args.heads >= 1 && args.heads <= 65535 && int64_t(args.tokens) * args.heads <= 65535 &&
+                (args.heads == 1 || (args.split.splits == 1 && (format != MoeFormat::FP8 || args.w_head_rows % 128 == 0))),
+            "dense_tc_launch: format {} in {} out {} tokens {} heads {}", int(format), args.w.in, args.w.out,
+            args.tokens, args.heads);
   if (format == MoeFormat::FP8) launch_dense_tc<MoeFormat::FP8>(args, stream);
   else launch_dense_tc<MoeFormat::I4_BF16>(args, stream);
 }

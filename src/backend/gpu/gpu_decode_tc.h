@@ -48,14 +48,17 @@ struct DenseTcSplit {
 };
 bool dense_tc_shape_ok(MoeFormat format, int64_t in, int64_t out);
 DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out);
-// Scratch for the 16-bit activation rows (and FP8 scales) of `tokens` rows of width `in`.
-size_t dense_tc_act_bytes(int64_t tokens, int64_t in);
+// Scratch for the 16-bit activation rows (and FP8 scales) of `rows` rows (tokens x heads) of width `in`.
+size_t dense_tc_act_bytes(int64_t rows, int64_t in);
 
 struct DenseTcArgs {
-  DeviceWeight w;
-  const float* x;            // [tokens, in] fp32
-  int64_t x_stride;
+  DeviceWeight w;            // heads > 1: head h's matrix is rows [h * w_head_rows, + out) of w
+  const float* x;            // [tokens * heads, in] fp32 rows, row t * heads + h
+  int64_t x_stride;          // elements between those rows
   int tokens;
+  int heads = 1;             // per-head matvecs (one split only; FP8: w_head_rows % 128 == 0)
+  int64_t w_head_rows = 0;
+  int64_t y_head_stride = 0; // elements between heads in y
   DenseTcSplit split;
   void* scratch;             // dense_tc_act_bytes(tokens, in), 256-aligned
   float* y;                  // splits == 1: out [tokens, out]; else partial planes [splits][tokens][out]

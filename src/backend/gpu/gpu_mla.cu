@@ -1,9 +1,15 @@
 // GPU MLA ops outside the attention kernels: the paged cache write (F32 or BF16 cache) and the two
-// per-head absorption GEMMs (absorb_q, expand_v), plus the shared host-side checks. The GEMMs are
-// plain fp32 FMA over weight tiles dequantized in registers (weight_at): at decode T is tiny, so they
-// are bound by reading kv_b_proj once, and a T-tile of tokens shares every weight element read.
+// per-head absorption GEMMs (absorb_q, expand_v), plus the shared host-side checks. The exact GEMMs
+// are plain fp32 FMA over weight tiles dequantized in registers (weight_at): at decode T is tiny, so
+// they should be bound by reading kv_b_proj once, but the scalar FP8 dequantization held them to
+// ~140 GB/s on the H200 (ncu: 72.6 + 48.0 us per DeepSeek layer, 16.8 MB). In GemmPrecision::Bf16
+// quantized kv_b goes to the tensor-core matvec of gpu_decode_tc.cu instead: expand_v as per-head
+// dense matvecs over W_UV's rows, absorb_q over W_UK^T, transposed per call into scratch (FP8 only:
+// the 128 x 128 scale blocks transpose with it; an 8 MB copy, ~5x cheaper than the exact kernel).
 #include <algorithm>
+#include <optional>
 
+#include "backend/gpu/gpu_decode_tc.h"
 #include "backend/gpu/gpu_mla_common.cuh"
 #include "backend/gpu/gpu_mla_state.h"
 
@@ -203,6 +209,82 @@ __global__ void expand_v_kernel(const float* __restrict__ o, int64_t o_s0, int64
 // Dynamic shared memory above the 48 KB every device grants without opting in is not used here.
 constexpr size_t kMaxDefaultSmem = 48 * 1024;
 
+// W_UK^T of every head, for the tensor-core absorb_q: wt[h r + c][d] = W[h (d_n + d_v) + d][c]
+// (FP8 bytes), one 32 x 32 tile per block through shared memory so reads and writes are coalesced.
+constexpr int kTr = 32;
+__global__ void transpose_uk_kernel(const uint8_t* __restrict__ w, int64_t w_stride, int d_n, int d_v, int r,
+                                    uint8_t* __restrict__ wt) {
+  __shared__ uint8_t tile[kTr][kTr + 1];
+  const int h = blockIdx.z, c0 = blockIdx.x * kTr, d0 = blockIdx.y * kTr;
+  const int tx = threadIdx.x, ty = threadIdx.y;  // 32 x 8 threads
+  for (int i = ty; i < kTr; i += 8) {
+    const int d = d0 + i, c = c0 + tx;
+    if (d < d_n && c < r) tile[i][tx] = w[(int64_t(h) * (d_n + d_v) + d) * w_stride + c];
+  }
+  __syncthreads();
+  for (int i = ty; i < kTr; i += 8) {
+    const int c = c0 + i, d = d0 + tx;
+    if (d < d_n && c < r) wt[(int64_t(h) * r + c) * d_n + d] = tile[tx][i];
+  }
+}
+
+// Its scales: block (h r / 128 + rb, cb) of W_UK^T is block (h (d_n + d_v) / 128 + cb, rb) of W.
+__global__ void transpose_uk_scale_kernel(const float* __restrict__ s, int64_t s_stride, int d_n, int d_v, int r,
+                                          int heads, float* __restrict__ st) {
+  const int rbs = r / 128, cbs = (d_n + 127) / 128;
+  const int64_t total = int64_t(heads) * rbs * cbs;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t h = i / (rbs * cbs), rb = i / cbs % rbs, cb = i % cbs;
+    st[i] = s[(h * (d_n + d_v) / 128 + cb) * s_stride + rb];
+  }
+}
+
+// The tensor-core format of kv_b for this op, or nullopt: Bf16 mode on an sm_80+ CUDA device, FP8
+// (both ops) or INT4 with BF16 scales (expand_v only), 16-byte rows, and head blocks that keep the
+// FP8 128-row scale blocks whole.
+std::optional<MoeFormat> absorb_tc_format(GpuBackend& be, const ops::Weight& kv_b, const ops::MlaDims& d,
+                                          bool transposed) {
+  if (be.options().gemm_precision != GemmPrecision::Bf16) return std::nullopt;
+  MlaState& st = be.mla_state();
+  if (st.tc_device < 0) st.tc_device = moe_tc_device_ok() ? 1 : 0;
+  if (st.tc_device != 1) return std::nullopt;
+  const DeviceWeight w = device_weight(kv_b);
+  const int64_t dn = d.qk_nope_head_dim, dv = d.v_head_dim, r = d.kv_lora_rank;
+  const bool aligned = reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+  if (w.format == ops::WeightFormat::Fp8Block128) {
+    const bool blocks = (dn + dv) % 128 == 0 && r % 128 == 0 && (transposed || dn % 128 == 0);
+    const bool shape = transposed ? dense_tc_shape_ok(MoeFormat::FP8, dn, r) : dense_tc_shape_ok(MoeFormat::FP8, r, dv);
+    if (aligned && blocks && shape && w.data_stride % 16 == 0) return MoeFormat::FP8;
+  } else if (!transposed && w.format == ops::WeightFormat::Int4Group32 && w.scale_dtype == DType::BF16) {
+    if (aligned && dense_tc_shape_ok(MoeFormat::I4_BF16, r, dv) && (w.data_stride * 4) % 16 == 0)
+      return MoeFormat::I4_BF16;
+  }
+  return std::nullopt;
+}
+
+// Per-head tensor-core matvecs out[t, h, :] = W_h x[t, h, :]: `w` holds head 0's matrix at row 0 and
+// head h's at row h * head_rows. x and out are [T, H, *] views whose heads are adjacent
+// (stride[0] == H * stride[1]); the caller checked it.
+void run_heads_tc(GpuBackend& be, MoeFormat f, const DeviceWeight& w, int64_t head_rows, const TensorView& x,
+                  const TensorView& out, void* act_scratch) {
+  DenseTcArgs a;
+  a.w = w;
+  a.x = x.as<const float>();
+  a.x_stride = x.stride[1];
+  a.tokens = int(x.dim(0));
+  a.heads = int(x.dim(1));
+  a.w_head_rows = head_rows;
+  a.split = DenseTcSplit{1, w.in / (f == MoeFormat::FP8 ? 64 : 128)};
+  a.scratch = act_scratch;
+  a.y = out.as<float>();
+  a.y_stride = out.stride[0];
+  a.y_head_stride = out.stride[1];
+  a.y_split_stride = 0;
+  dense_tc_launch(f, a, be.stream());
+}
+
+bool heads_adjacent(const TensorView& v) { return v.stride[0] == v.dim(1) * v.stride[1]; }
+
 }  // namespace
 
 void GpuBackend::mla_absorb_q(const TensorView& q_nope, const ops::Weight& kv_b_proj, const ops::MlaDims& dims,
@@ -214,6 +296,35 @@ void GpuBackend::mla_absorb_q(const TensorView& q_nope, const ops::Weight& kv_b_
   mla_check_heads(out, num_tokens, heads, rank, "mla_absorb_q out");
   MLA_CHECK(q_nope.data != out.data, "mla_absorb_q: out aliases q_nope");
   if (num_tokens == 0) return;
+  if (const auto f = absorb_tc_format(*this, kv_b_proj, dims, /*transposed=*/true);
+      f && heads_adjacent(q_nope) && num_tokens * heads <= 65535) {
+    // W_UK^T [H r, d_n] and its scales [H r / 128, ceil(d_n / 128)], then 16-bit q rows.
+    const DeviceWeight w = device_weight(kv_b_proj);
+    const int64_t cbs = (d_n + 127) / 128, dv = dims.v_head_dim;
+    const size_t wt_bytes = (size_t(heads * rank * d_n) + 255) / 256 * 256;
+    const size_t st_bytes = (size_t(heads * (rank / 128) * cbs) * sizeof(float) + 255) / 256 * 256;
+    char* base = static_cast<char*>(
+        mla_->tc_scratch.get(*this, wt_bytes + st_bytes + dense_tc_act_bytes(num_tokens * heads, d_n)));
+    auto* wt = reinterpret_cast<uint8_t*>(base);
+    auto* st = reinterpret_cast<float*>(base + wt_bytes);
+    const dim3 tg(unsigned((rank + kTr - 1) / kTr), unsigned((d_n + kTr - 1) / kTr), unsigned(heads));
+    transpose_uk_kernel<<<tg, dim3(kTr, 8), 0, stream()>>>(static_cast<const uint8_t*>(w.data), w.data_stride,
+                                                           int(d_n), int(dv), int(rank), wt);
+    MLA_GPU_LAUNCH_CHECK();
+    const int64_t ns = heads * (rank / 128) * cbs;
+    transpose_uk_scale_kernel<<<unsigned(std::min<int64_t>((ns + 255) / 256, 1024)), 256, 0, stream()>>>(
+        static_cast<const float*>(w.scale), w.scale_stride, int(d_n), int(dv), int(rank), int(heads), st);
+    MLA_GPU_LAUNCH_CHECK();
+    DeviceWeight wtw = w;
+    wtw.out = rank;  // head 0's matrix; head h at row h r
+    wtw.in = d_n;
+    wtw.data = wt;
+    wtw.data_stride = d_n;
+    wtw.scale = st;
+    wtw.scale_stride = cbs;
+    run_heads_tc(*this, *f, wtw, rank, q_nope, out, base + wt_bytes + st_bytes);
+    return;
+  }
   const size_t smem = size_t(kTokenTile * d_n) * sizeof(float);
   MLA_CHECK(smem <= kMaxDefaultSmem, "mla_absorb_q: d_n {} too large for the token tile", d_n);
   const dim3 grid(unsigned((rank + kGemmThreads - 1) / kGemmThreads), unsigned(heads),
@@ -233,6 +344,21 @@ void GpuBackend::mla_expand_v(const TensorView& o_latent, const ops::Weight& kv_
   mla_check_heads(out, num_tokens, heads, d_v, "mla_expand_v out");
   MLA_CHECK(o_latent.data != out.data, "mla_expand_v: out aliases o_latent");
   if (num_tokens == 0) return;
+  if (const auto f = absorb_tc_format(*this, kv_b_proj, dims, /*transposed=*/false);
+      f && heads_adjacent(o_latent) && num_tokens * heads <= 65535) {
+    // Head h's W_UV is rows [h (d_n + d_v) + d_n, + d_v): start the view at row d_n (a whole FP8
+    // scale block: d_n % 128 == 0 for FP8, checked; INT4 scales are per row).
+    DeviceWeight w = device_weight(kv_b_proj);
+    const int64_t dn = dims.qk_nope_head_dim;
+    const bool fp8 = *f == MoeFormat::FP8;
+    w.data = static_cast<const char*>(w.data) + dn * w.data_stride * (fp8 ? 1 : 4);
+    w.scale = static_cast<const char*>(w.scale) +
+              (fp8 ? (dn / 128) * w.scale_stride * int64_t(sizeof(float)) : dn * w.scale_stride * 2);
+    w.out = d_v;
+    run_heads_tc(*this, *f, w, dn + d_v, o_latent, out,
+                 mla_->tc_scratch.get(*this, dense_tc_act_bytes(num_tokens * heads, rank)));
+    return;
+  }
   const size_t smem = size_t(kTokenTile * rank) * sizeof(float);
   MLA_CHECK(smem <= kMaxDefaultSmem, "mla_expand_v: rank {} too large for the token tile", rank);
   const dim3 grid(unsigned((d_v + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(heads),

@@ -11,6 +11,9 @@ namespace mla::gpu {
 
 struct MlaState {
   Scratch scratch;
+  // absorb_q / expand_v on tensor cores (Bf16 mode): W_UK^T per call, then 16-bit activation rows.
+  Scratch tc_scratch;
+  int tc_device = -1;  // sm_80+ probe, -1 until first asked
 };
 
 }  // namespace mla::gpu
