@@ -34,6 +34,7 @@ struct FillBuffer {
   std::unique_ptr<uint8_t[]> data;
   size_t capacity = 0;
   std::span<uint8_t> get(size_t n) {
+    if (n == 0) return {};  // an empty tensor (a buffer never grown is null: memset(nullptr) is UB)
     if (n > capacity) {
       data.reset();  // free first: the old and new buffers need not coexist
       data = std::make_unique_for_overwrite<uint8_t[]>(n);
