@@ -58,5 +58,93 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Hint: pull the 128-byte line holding `p` into L2 (no register result, never faults on a valid
+// address, no effect on correctness). Streaming kernels use it to keep more HBM bytes in flight than
+// their shared-memory stages hold.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+// The same for `bytes` bytes at `p` (both multiples of 16): one bulk prefetch on sm_90+, else one
+// hint per 128-byte line.
+__device__ __forceinline__ void prefetch_l2_bytes(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#else
+  for (uint32_t off = 0; off < bytes; off += 128) prefetch_l2(static_cast<const char*>(p) + off);
+#endif
+}
+
+// Programmatic dependent launch (sm_90+; no-ops below sm_90 and in a grid launched without the PDL
+// attribute). pdl_wait: returns once every prerequisite grid has completed and its writes are
+// visible. pdl_trigger: once every CTA of this grid has called it (or exited), the next grid in the
+// stream, if launched with the attribute, may start. A grid that triggers only after its own wait
+// therefore lets its successor start only when its own predecessors are complete.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Host: launches `kernel` on `stream`, with the programmatic-stream-serialization attribute when
+// `pdl` (the grid may then start before the previous kernel in the stream ends; the kernels order
+// themselves with pdl_wait / pdl_trigger). Stream capture records it as a programmatic edge. Argument
+// types are coerced to the kernel's parameter types (cudaLaunchKernelEx's template).
+template <typename... KArgs, typename... Args>
+void launch_maybe_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, bool pdl, cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  MLA_GPU_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+// d = a * b + c on bf16x2 pairs, rounded to nearest even (sm_80+; the kernels that use it are
+// dispatched only there, so below it traps).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+#else
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t, uint32_t, uint32_t) {
+  __trap();
+  return 0;
+}
+#endif
+
+// Two floats to bf16x2 with round-to-nearest-even (one cvt); `lo` lands in the low half (the lower
+// column of an mma fragment pair), and the two halves back as floats.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ float bf16_lo(uint32_t p) { return __uint_as_float(p << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t p) { return __uint_as_float(p & 0xffff0000u); }
+// 2^x on the SFU (ex2(-inf) = +0): the softmax exponent of the attention kernels.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// wgmma ordering (sm_90a kernels only; unused inline functions emit nothing elsewhere): fence before
+// the first wgmma that reads registers written since, commit a group, wait for all groups; and the
+// generic-to-async proxy fence after ordinary shared-memory stores that wgmma reads next.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 }  // namespace mla::gpu::mma
 #endif  // MLA_GPU_CUDA
