@@ -6,10 +6,14 @@
 // kv_cache_write on both backends so both attend over identical bytes.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <memory>
+#include <string>
 
 #include "backend/gpu/gpu_backend.h"
 #include "backend/gpu/gpu_mla.h"
+#include "backend/gpu/gpu_mla_naive_sm90a.h"
 #include "gpu/parity.h"
 
 namespace mla::test {
@@ -228,6 +232,46 @@ TEST(GpuParityMla, AbsorbedTensorCoreLongContextAndMixed) {
   }
 }
 
+// Decode steps are graph-captured: the tensor-core kernel's grid depends on shapes only, while the
+// splits each token uses follow kv_lens on the device. One capture, then replays at new contexts (same
+// buffers, fresh kv_lens; the tables cover the first step's, longest, contexts): 2 and 3 tiles (one
+// split in use: the kernel writes out and the combine skips the row; two splits), 18 tiles (9), and
+// back. out is re-poisoned before each replay, so only the replay can pass.
+TEST(GpuParityMla, AbsorbedTensorCoreGraphReplayContexts) {
+  if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, real_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
+  std::mt19937 rng(307);
+  ops::Backend& be = gpu_backend();
+  for (int heads : {16, 20, 128}) {  // 20: the dispatcher's head padding is captured too
+    auto b = make_twin_batch(rng, {{1, 1100}, {1, 300}}, 64);
+    const ops::MlaDims d = real_dims(heads);
+    Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
+    const Twin q = twin_random(rng, DType::F32, {b->tokens, heads, d.kv_dim()});
+    const Twin out = twin_output(DType::F32, {b->tokens, heads, d.kv_lora_rank});
+    const Twin poison = twin_output(DType::F32, {b->tokens, heads, d.kv_lora_rank});
+    be.synchronize();
+    be.mla_attention_absorbed(q.gpu, cache.gpu, b->gpu, d, out.gpu);  // eager: sizes the scratch
+    be.synchronize();
+    std::unique_ptr<ops::OpGraph> graph =
+        be.capture([&] { be.mla_attention_absorbed(q.gpu, cache.gpu, b->gpu, d, out.gpu); });
+    const int32_t steps[][2] = {{100, 300}, {128, 2}, {129, 65}, {1100, 300}, {700, 1}};
+    for (const auto& lens : steps) {
+      b->kv_lens[0] = lens[0];  // the host mirror the CPU reads
+      b->kv_lens[1] = lens[1];
+      std::memcpy(static_cast<char*>(b->kv_lens_t.host_buf->data()) +
+                      b->kv_lens_t.offset() * int64_t(sizeof(int32_t)),
+                  b->kv_lens.data(), 2 * sizeof(int32_t));
+      sync_to_device(b->kv_lens_t);
+      be.synchronize();
+      be.copy(poison.gpu, out.gpu);
+      graph->replay();
+      be.synchronize();
+      cpu_backend().mla_attention_absorbed(q.cpu, cache.cpu, b->cpu, d, out.cpu);
+      const std::string name = fmt::format("graph replay H {} kv_lens {}/{}", heads, lens[0], lens[1]);
+      EXPECT_TRUE(check_parity("mla_absorbed tc", name, out, tc_tolerance(out)));
+    }
+  }
+}
+
 // ---- naive attention -----------------------------------------------------------------------------
 
 // Runs naive attention on the CPU and on `gpu_be` (the shared backend unless a test brings its own,
@@ -309,6 +353,64 @@ TEST(GpuParityMla, NaiveTensorCoreBf16ChunkEdges) {
   naive_case_on(*be, rng, mla_dims(3, 32, 16, 32, 64), {{40, 4200}, {1, 4097}, {200, 8300}, {7, 7}}, DType::F32, 16,
                 nullptr, " [bf16 tc]");
   naive_case_on(*be, rng, real_dims(16), {{33, 4500}, {1, 1}}, DType::BF16, 64, nullptr, " [bf16 tc]");
+}
+
+// d_qk 192 / d_v 128 (DeepSeek-V3 / Kimi K2) run the fixed-dims kernel: 128-row CTAs of 4 warps x 32
+// rows, 64-key tiles, masks only on diagonal tiles, row sums by a ones MMA. Cases straddle every edge:
+// q_len 129 / 257 (one row past a CTA), 50 (ends inside warp 1's second m-tile), 65 (warp 2 holds one
+// row), kv 64 (exact tile), 191 (partial tile), causal offsets (q_len < kv_len), and several 4096-key
+// chunks: 600 / 4400 puts the diagonal across the chunk edge (row tile 0 sees no key of the second
+// chunk and only normalizes), 33 / 8257 ends on a 65-key chunk, 1 / 4097 on a 1-key chunk. d_v 64 with
+// d_qk 192 must take the runtime-dims kernel.
+TEST(GpuParityMla, NaiveTensorCoreBf16FixedDims) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  std::mt19937 rng(312);
+  for (int heads : {1, 5})
+    naive_case_on(*be, rng, real_dims(heads),
+                  {{129, 129}, {50, 191}, {65, 130}, {1, 64}, {0, 3}, {127, 1000}, {257, 257}}, DType::BF16, 64,
+                  nullptr, " [bf16 tc fixed]");
+  naive_case_on(*be, rng, real_dims(2), {{600, 4400}, {33, 8257}, {1, 4097}}, DType::BF16, 64, nullptr,
+                " [bf16 tc fixed, chunks]");
+  naive_case_on(*be, rng, real_dims(3), {{200, 4200}, {7, 7}}, DType::F32, 16, nullptr, " [bf16 tc fixed, f32 cache]");
+  naive_case_on(*be, rng, mla_dims(2, 128, 64, 64, 128), {{129, 300}, {1, 65}}, DType::BF16, 64, nullptr,
+                " [bf16 tc generic dv 64]");
+}
+
+// d_qk 192 / d_v 128 through each forced tensor-core kernel (gpu_mla_naive_sm90a.h): the mma.sync
+// fixed-dims kernel everywhere, the wgmma one where the device is compute capability 9.0 (else it is
+// skipped). Wgmma tiles: 128-row CTAs of two 64-row warpgroups, 128-key tiles. Cases: q_len 64
+// / 65 (warpgroup 1 empty / one row), 129 and 257 (one row past a CTA), 1 / 128 and 1 / 129 (exact key
+// tile and one key past it), 50 / 191 (partial tiles, causal offset), 127 / 1000, 0 / 3, 16 heads at
+// 300 / 2000; chunked: 600 / 4400 (diagonal across the 4096-key chunk edge), 33 / 8257 (65-key last
+// chunk), 1 / 4097 (1-key chunk), and an F32 cache. Tolerance: tc_tolerance, as the other bf16 cases.
+struct NaivePathGuard {
+  explicit NaivePathGuard(gpu::NaivePrefillPath p) { gpu::set_naive_prefill_path(p); }
+  ~NaivePathGuard() { gpu::set_naive_prefill_path(gpu::NaivePrefillPath::Auto); }
+};
+
+TEST(GpuParityMla, NaiveFixedDimsEachTensorCorePath) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  for (gpu::NaivePrefillPath path :
+       {gpu::NaivePrefillPath::MmaSync, gpu::NaivePrefillPath::Wgmma}) {
+    const bool wgmma = path != gpu::NaivePrefillPath::MmaSync;
+    if (wgmma && !gpu::naive_sm90a_supported(192, 128)) {
+      std::printf("[ skip ] wgmma naive paths: device is not compute capability 9.0\n");
+      continue;
+    }
+    NaivePathGuard guard(path);
+    const std::string tag = wgmma ? " [bf16 wgmma]" : " [bf16 mma.sync]";
+    std::mt19937 rng(313);
+    for (int heads : {1, 5})
+      naive_case_on(*be, rng, real_dims(heads),
+                    {{64, 64}, {65, 65}, {129, 129}, {1, 128}, {1, 129}, {50, 191}, {127, 1000}, {0, 3}, {257, 257}},
+                    DType::BF16, 64, nullptr, tag);
+    naive_case_on(*be, rng, real_dims(16), {{300, 2000}, {1, 77}}, DType::BF16, 64, nullptr, tag + " 16 heads");
+    naive_case_on(*be, rng, real_dims(2), {{600, 4400}, {33, 8257}, {1, 4097}}, DType::BF16, 64, nullptr,
+                  tag + " chunks");
+    naive_case_on(*be, rng, real_dims(3), {{200, 4200}, {7, 7}}, DType::F32, 16, nullptr, tag + " f32 cache");
+  }
 }
 
 TEST(GpuParityMla, NaiveBf16FallbackOddDims) {

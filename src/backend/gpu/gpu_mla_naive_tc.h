@@ -35,7 +35,8 @@ bool naive_tc_supported(int dqk, int dv);
 // the kernel's bf16 per-head layout k [H][n][d_n + d_r], v [H][n][d_v] (RNE rounding).
 void naive_tc_pack(const float* kv, const float* rope, int64_t n, int heads, int d_n, int d_r, int d_v, uint16_t* k,
                    uint16_t* v, Stream stream);
-// Folds the chunk's keys into the running state of the sequence's rows for every head.
+// Folds the chunk's keys into the running state of the sequence's rows for every head. d_qk 192 / d_v
+// 128 with scale > 0 runs the fixed-dims kernel, anything else the runtime-dims one (same semantics).
 void naive_tc_chunk(const NaiveTcArgs& args, Stream stream);
 
 }  // namespace mla::gpu
