@@ -5,14 +5,17 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/gpu/gpu_mla_decode_sm90a.h"
 #include "backend/gpu/gpu_mla_decode_tc.h"
 #include "gpu/parity.h"
 
 namespace mla::test {
 namespace {
 
-// One call: batch arrays on both sides, a random BF16 cache, random q, poisoned out.
-void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int block_size, bool strided) {
+// One call: batch arrays on both sides, a random BF16 cache, random q, poisoned out. q_pad >= 0 overrides
+// q's row padding (an odd pad makes q rows 4-byte aligned only: the kernel's scalar q staging).
+void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int block_size, bool strided,
+             int q_pad = -1, gpu::MlaDecodeKernel kernel = gpu::MlaDecodeKernel::Auto) {
   auto b = make_twin_batch(rng, seqs, block_size);
   const int64_t n = int64_t(seqs.size()), tokens = b->tokens, num_blocks = b->num_blocks;
 
@@ -25,7 +28,7 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int
   d.softmax_scale = 1.0f / std::sqrt(192.0f);
   const int64_t kv_dim = d.kv_dim(), r = d.kv_lora_rank, pad = strided ? 8 : 0;
   Twin cache = twin_random(rng, DType::BF16, {num_blocks, block_size, kv_dim});
-  Twin q = twin_random(rng, DType::F32, {tokens, heads, kv_dim + pad}).slice(2, 0, kv_dim);
+  Twin q = twin_random(rng, DType::F32, {tokens, heads, kv_dim + (q_pad >= 0 ? q_pad : pad)}).slice(2, 0, kv_dim);
   Twin out = twin_output(DType::F32, {tokens, heads, r + pad}).slice(2, 0, r);
 
   cpu_backend().mla_attention_absorbed(q.cpu, cache.cpu, b->cpu, d, out.cpu);
@@ -49,6 +52,7 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int
   a.out = out.gpu.as<float>();
   a.out_row_stride = out.gpu.stride[0];
   a.out_head_stride = out.gpu.stride[1];
+  a.kernel = kernel;
   const size_t ws_bytes = gpu::mla_decode_tc_workspace_bytes(a);
   void* ws = nullptr;
   if (ws_bytes > 0) MLA_GPU_CHECK(gpu::malloc(&ws, ws_bytes));
@@ -62,7 +66,8 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int
   // convex mix of cache values, so its error is a few 2^-9 of max|out| (measured <= 2e-3 at max 1).
   float big = 0.0f;
   for (float v : cpu_values(out)) big = std::max(big, std::fabs(v));
-  std::string name = fmt::format("H {} bs {} {} ws {} seqs", heads, block_size, strided ? "strided" : "dense", ws_bytes);
+  std::string name = fmt::format("H {} bs {} {} q_pad {} kernel {} ws {} seqs", heads, block_size,
+                                 strided ? "strided" : "dense", q_pad, int(kernel), ws_bytes);
   for (const SeqSpec& s : seqs) name += fmt::format(" {}/{}", s.q_len, s.kv_len);
   EXPECT_TRUE(check_parity("mla_decode_tc", name, out,
                            Tolerance{8e-3 * double(big), 0, "bf16 q and P in fp32-accumulating MMAs: 2^-7 of max|out|"}));
@@ -100,6 +105,104 @@ TEST(GpuParityMlaTc, WideBatchAndEmptySequences) {
   tc_case(rng, 128, wide, 64, true);
   // Sequences with no query rows sit between the ones that have them.
   tc_case(rng, 16, {{0, 5}, {2, 70}, {0, 1}, {1, 129}, {3, 3}}, 16, true);
+}
+
+// The splits a token uses follow its context on the device (>= 2 tiles each, at most the grid's):
+// batch 1 at ctx 2 / 128 (one split in use: the kernel writes out, the combine skips the token), 129
+// (3 tiles: 2 splits), 575 / 1100 (9 tiles: 5 splits; 18: 9) and 4033 (64 tiles over all the grid's
+// splits, some of them empty). Spec-verify rows of one sequence straddle those edges: {4, 130}
+// has rows of 2 and 3 tiles (1 and 2 splits), {3, 1100} and {5, 4100} rows of 18 and 64-65 tiles.
+TEST(GpuParityMlaTc, AdaptiveSplitsShortAndLongContexts) {
+  if (!tc_available()) GTEST_SKIP() << "no tensor-core MLA decode on this device";
+  std::mt19937 rng(404);
+  for (int heads : {16, 128}) {
+    for (int ctx : {2, 128, 129, 575, 1100, 4033}) tc_case(rng, heads, {{1, ctx}}, 64, false);
+    for (const SeqSpec& s : {SeqSpec{4, 130}, SeqSpec{3, 1100}, SeqSpec{5, 4100}}) tc_case(rng, heads, {s}, 16, true);
+    // Two sequences of different lengths: each token picks its own split count in the same grid.
+    tc_case(rng, heads, {{1, 1100}, {2, 127}}, 64, true);
+  }
+}
+
+// q rows that are not 16-byte aligned (row pad 3 floats) take the scalar q staging loop; same values.
+TEST(GpuParityMlaTc, UnalignedQRows) {
+  if (!tc_available()) GTEST_SKIP() << "no tensor-core MLA decode on this device";
+  std::mt19937 rng(405);
+  for (int heads : {16, 32}) tc_case(rng, heads, {{1, 1100}, {3, 65}, {1, 1}}, 64, true, 3);
+}
+
+}  // namespace
+}  // namespace mla::test
+
+// ---- the sm_90a wgmma kernel (gpu_mla_decode_sm90a), forced, and the mma.sync kernel forced beside it --
+namespace mla::test {
+namespace {
+
+bool wgmma_available() { return gpu::mla_decode_sm90a_supported(64, 512, 64); }
+
+// 64 and 128 heads (1 and 2 head tiles per token), batch 1 (the most splits: partials + combine) and
+// 7 (one wave: mostly direct writes), contexts on both sides of the 64-key tile edge, a long one
+// with one key past a tile, spec-verify rows (q_len 3 at kv_len 130: rows of 3 tiles, the last one
+// partly masked per row), shuffled block tables of 16- and 64-position blocks, strided q/out views.
+void wgmma_cases(std::mt19937& rng, gpu::MlaDecodeKernel wg) {
+  for (int heads : {64, 128}) {
+    for (int ctx : {1, 63, 64, 65, 1100, 4097}) tc_case(rng, heads, {{1, ctx}}, 64, false, -1, wg);
+    std::vector<SeqSpec> seven;
+    for (int ctx : {1, 63, 64, 65, 1100, 4097, 130}) seven.push_back({1, ctx});
+    tc_case(rng, heads, seven, 16, true, -1, wg);
+    tc_case(rng, heads, {{3, 130}}, 16, true, -1, wg);
+    tc_case(rng, heads, {{3, 130}, {1, 4097}, {2, 65}, {0, 9}, {1, 1}}, 64, true, -1, wg);
+    // Unaligned q rows: the scalar q staging loop.
+    tc_case(rng, heads, {{1, 1100}, {3, 65}}, 64, true, 3, wg);
+  }
+  // Batch 64 x 128 heads: one split, direct writes (the benchmark's shape, shorter contexts).
+  std::vector<SeqSpec> wide;
+  for (int i = 0; i < 64; ++i) wide.push_back({1, 1 + (i * 131) % 600});
+  tc_case(rng, 128, wide, 64, false, -1, wg);
+  // 66 x 128 heads = 132 CTAs: one split, 16-21 tiles per CTA (many reuses of each barrier/buffer).
+  std::vector<SeqSpec> long_rows;
+  for (int i = 0; i < 66; ++i) long_rows.push_back({1, 1000 + (i * 53) % 300});
+  tc_case(rng, 128, long_rows, 64, false, -1, wg);
+}
+
+TEST(GpuParityMlaTc, WgmmaKernel) {
+  if (!wgmma_available()) GTEST_SKIP() << "no sm_90a wgmma MLA decode on this device";
+  std::mt19937 rng(406);
+  wgmma_cases(rng, gpu::MlaDecodeKernel::Wgmma);
+  // The same shapes through the mma.sync kernel, forced (Auto picks wgmma on sm_90).
+  for (int ctx : {1, 65, 4097}) tc_case(rng, 128, {{1, ctx}}, 64, false, -1, gpu::MlaDecodeKernel::MmaSync);
+  tc_case(rng, 64, {{3, 130}, {1, 1100}}, 16, true, -1, gpu::MlaDecodeKernel::MmaSync);
+}
+
+// Through the dispatcher (GpuBackend::mla_attention_absorbed) with the wgmma kernel forced: head
+// counts that are not a multiple of 64 are zero-padded to it (16 -> 64, 100 -> 128) and sliced back.
+TEST(GpuParityMlaTc, WgmmaThroughDispatcher) {
+  if (!wgmma_available()) GTEST_SKIP() << "no sm_90a wgmma MLA decode on this device";
+  std::mt19937 rng(407);
+  gpu::set_mla_decode_kernel(gpu_backend(), gpu::MlaDecodeKernel::Wgmma);
+  for (int heads : {16, 100, 128}) {
+    const std::vector<SeqSpec> seqs = {{1, 1100}, {3, 130}, {1, 64}};
+    auto b = make_twin_batch(rng, seqs, 16);
+    ops::MlaDims d;
+    d.num_heads = heads;
+    d.qk_nope_head_dim = 128;
+    d.qk_rope_head_dim = 64;
+    d.v_head_dim = 128;
+    d.kv_lora_rank = 512;
+    d.softmax_scale = 1.0f / std::sqrt(192.0f);
+    const int64_t kv_dim = d.kv_dim(), r = d.kv_lora_rank;
+    Twin cache = twin_random(rng, DType::BF16, {b->num_blocks, 16, kv_dim});
+    Twin q = twin_random(rng, DType::F32, {b->tokens, heads, kv_dim});
+    Twin out = twin_output(DType::F32, {b->tokens, heads, r + 8}).slice(2, 0, r);
+    run_both([&](ops::Backend& be, bool on_gpu) {
+      be.mla_attention_absorbed(pick(q, on_gpu), pick(cache, on_gpu), pick(*b, on_gpu), d, pick(out, on_gpu));
+    });
+    float big = 0.0f;
+    for (float v : cpu_values(out)) big = std::max(big, std::fabs(v));
+    EXPECT_TRUE(check_parity("mla_attention_absorbed (wgmma forced)",
+                             fmt::format("H {} seqs {}", heads, seqs_name(seqs)), out,
+                             Tolerance{8e-3 * double(big), 0, "bf16 q and P in fp32-accumulating MMAs: 2^-7 of max|out|"}));
+  }
+  gpu::set_mla_decode_kernel(gpu_backend(), gpu::MlaDecodeKernel::Auto);
 }
 
 }  // namespace

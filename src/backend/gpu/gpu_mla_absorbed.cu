@@ -4,6 +4,7 @@
 // kernel trades speed for exactness: fp32 dots and an fp32 online softmax, ~1e-6 from the CPU.
 #include "backend/gpu/gpu_mla.h"
 #include "backend/gpu/gpu_mla_common.cuh"
+#include "backend/gpu/gpu_mla_decode_sm90a.h"
 #include "backend/gpu/gpu_mla_decode_tc.h"
 #include "backend/gpu/gpu_mla_state.h"
 
@@ -209,7 +210,7 @@ __global__ void unpad_heads_kernel(const float* __restrict__ out_pad, int heads,
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-int64_t round_up_heads(int64_t heads) { return (heads + kMlaTcHeadTile - 1) / kMlaTcHeadTile * kMlaTcHeadTile; }
+int64_t round_up_heads(int64_t heads, int64_t tile = kMlaTcHeadTile) { return (heads + tile - 1) / tile * tile; }
 
 void run_generic(GpuBackend& be, const TensorView& q, const CacheView& cache, const BatchView& batch,
                  const ops::MlaDims& dims, const TensorView& out) {
@@ -252,8 +253,14 @@ void run_generic(GpuBackend& be, const TensorView& q, const CacheView& cache, co
 void run_tensor_core(GpuBackend& be, const TensorView& q, const CacheView& cache, const BatchView& batch,
                      const ops::MlaDims& dims, const TensorView& out) {
   const int64_t num_tokens = q.dim(0), heads = dims.num_heads, rank = dims.kv_lora_rank;
-  const int64_t kv_dim = cache.kv_dim, heads_padded = round_up_heads(heads);
+  // A forced wgmma kernel takes 64-head tiles: pad to those. Auto pads to 16 and takes it when that
+  // count is a multiple of 64 on sm_90 (e.g. 128 heads), else the mma.sync kernel.
+  const MlaDecodeKernel kernel = be.mla_state().decode_kernel;
+  const int64_t kv_dim = cache.kv_dim;
+  const int64_t heads_padded =
+      round_up_heads(heads, kernel == MlaDecodeKernel::Wgmma ? kMlaSm90aHeadTile : kMlaTcHeadTile);
   MlaDecodeTcArgs a;
+  a.kernel = kernel;
   a.cache = cache.bf16;
   a.block_size = cache.block_size;
   a.q_indptr = batch.q_indptr;
@@ -339,6 +346,12 @@ void mla_attention_absorbed_with_path(ops::Backend& backend, const TensorView& q
   auto* gpu = dynamic_cast<GpuBackend*>(&backend);
   MLA_CHECK(gpu != nullptr, "mla_attention_absorbed_with_path: backend '{}' is not a GPU backend", backend.name());
   absorbed_impl(*gpu, q, cache, batch, dims, out, path);
+}
+
+void set_mla_decode_kernel(ops::Backend& gpu, MlaDecodeKernel kernel) {
+  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
+  MLA_CHECK(backend != nullptr, "set_mla_decode_kernel: backend '{}' is not the GPU backend", gpu.name());
+  backend->mla_state().decode_kernel = kernel;
 }
 
 void GpuBackend::mla_attention_absorbed(const TensorView& q, const TensorView& cache, const ops::AttentionBatch& batch,

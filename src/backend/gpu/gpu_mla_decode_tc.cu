@@ -4,6 +4,7 @@
 // fp32 online softmax. Trade-off: q and P are rounded to bf16 for the tensor cores (the cache already
 // is bf16), buying ~10x the fp32 FMA rate at ~2^-9 relative error per term.
 #include "backend/gpu/gpu_mla_decode_tc.h"
+#include "backend/gpu/gpu_mla_decode_sm90a.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -22,7 +23,7 @@ constexpr int kRank = 512;                        // latent width = value width
 constexpr int kRope = 64;                         // rotated key part
 constexpr int kKvDim = kRank + kRope;             // 576: key width = cache row
 constexpr int kHeadTile = kMlaTcHeadTile;         // 16 query heads = one mma M tile
-constexpr int kKeys = 64;                         // cache positions per tile
+constexpr int kKeys = kMlaDecodeKeyTile;          // 64 cache positions per tile
 constexpr int kWarps = 8, kThreads = kWarps * 32;  // CUDA-only file: warps are 32 lanes
 constexpr int kRowElems = kKvDim + 8;             // padded smem row: 1168 B = 73 x 16 B (odd) so the
                                                   // 8 row addresses of an ldmatrix hit distinct banks
@@ -36,7 +37,12 @@ constexpr int kColsPerWarp = kRank / kWarps;      // 64: warp w owns O columns [
 constexpr int kNTilesPerWarp = kColsPerWarp / 8;  // 8 n8 accumulator tiles per warp
 constexpr int kSStride = kKeys + 8;               // fp32 partial-S row (72 floats): conflict-free float2
 constexpr int kPStride = kKeys + 8;               // bf16 P row (144 B = 9 x 16 B, odd)
-constexpr int kMaxSplits = 32;
+constexpr int kMaxSplits = kMlaDecodeMaxSplits;  // 32
+// A token's context is cut into at most num_splits ranges of at least this many tiles (computed on
+// the device from kv_lens, so a graph's grid stays fixed while the splits in use follow the context):
+// a short context (batch 1, ctx 1100 = 18 tiles) uses 9 splits instead of all 28 of the grid, and
+// the unused CTAs exit at once. 2 tiles keep each CTA's double buffer busy once.
+constexpr int kMinTilesPerSplit = kMlaDecodeMinTilesPerSplit;  // 2
 constexpr int kTileBytes = kKeys * kRowElems * 2;  // 74,752
 constexpr int kKvBytes = 2 * kTileBytes;           // 149,504: double-buffered cache tiles
 static_assert(kKSteps % kDimSplit == 0 && kRank % (kWarps * 16) == 0 && kKeys == 64 && kHeadTile == 16 &&
@@ -62,6 +68,34 @@ constexpr float kNegInf = -__builtin_huge_valf();
 // PTX wrappers (cp.async, ldmatrix, mma.sync) and their fragment layouts: gpu_mma.cuh.
 using namespace mma;
 
+// Query row `token`'s sequence (the largest s with q_indptr[s] <= token; empty sequences are
+// skipped) and its causal limit: query i of the sequence sits at position kv_len - q_len + i and
+// sees positions < limit. q_indptr is non-decreasing with q_indptr[0] = 0 <= token, so that s is
+// (the number of s in [0, S) with q_indptr[s] <= token) - 1: each warp counts 32 entries per ballot,
+// with independent loads (one or two memory round trips for a decode batch of 64, where a binary
+// search is a chain of 6). Call with the whole warp converged.
+struct TokenRange {
+  int seq, limit;
+};
+__device__ __forceinline__ TokenRange token_range(const MlaDecodeTcArgs& a, int token) {
+  const int lane = int(threadIdx.x) % 32;
+  int count = 0;
+#pragma unroll 4
+  for (int s0 = 0; s0 < a.num_seqs; s0 += 32) {
+    const bool le = s0 + lane < a.num_seqs && a.q_indptr[s0 + lane] <= token;
+    count += __popc(__ballot_sync(0xffffffffu, le));
+  }
+  const int seq = max(count - 1, 0);
+  const int q0 = a.q_indptr[seq], q_len = a.q_indptr[seq + 1] - q0, kv_len = a.kv_lens[seq];
+  return {seq, kv_len - q_len + (token - q0) + 1};
+}
+// Splits a token of `tiles_total` tiles uses out of the grid's num_splits (>= 1). The attention and
+// combine kernels both derive it from the same device data, so they agree on which partials exist.
+// 1 means split 0 writes `out` directly and the combine skips the token.
+__device__ __forceinline__ int splits_in_use(int tiles_total, int num_splits) {
+  return max(1, min(num_splits, (tiles_total + kMinTilesPerSplit - 1) / kMinTilesPerSplit));
+}
+
 
 // ---- the attention kernel -------------------------------------------------------------------------
 // Napkin math per CTA and 64-key tile: cache bytes 64 * 576 * 2 = 73.7 KB; FLOPs 2 * 16M * 64 *
@@ -71,10 +105,11 @@ using namespace mma;
 // M head tiles) + partial S 16M KB + P 2M KB; Q is held in registers, not re-read per tile.
 //
 // Grid: x = head group (fastest, so the head groups of one token run together and share the cache
-// tile through L2), y = KV split, z = query token. Block: 8 warps (2 per SM sub-partition, so one
-// warp's ldmatrix/mma latency hides behind the other's).
+// tile through L2), y = KV split (the most any row may use; a row uses splits_in_use of them), z =
+// query token. Block: 8 warps (2 per SM sub-partition, so one warp's ldmatrix/mma latency hides
+// behind the other's).
 template <int M>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcArgs a, int num_splits) {
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcArgs a, int num_splits, int q_vec) {
   using G = TcGeom<M>;
   constexpr int kHeads = G::kHeads;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -90,26 +125,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
   const int g = lane / 4, t4 = lane % 4;
   const int head0 = int(blockIdx.x) * kHeads, split = int(blockIdx.y), token = int(blockIdx.z);
 
-  // The token's sequence: the largest s with q_indptr[s] <= token (empty sequences are skipped).
-  int lo = 0, hi = a.num_seqs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (a.q_indptr[mid] <= token) lo = mid; else hi = mid - 1;
-  }
-  const int seq = lo;
-  const int q0 = a.q_indptr[seq], q_len = a.q_indptr[seq + 1] - q0, kv_len = a.kv_lens[seq];
-  // Causal: query i of the sequence sits at position kv_len - q_len + i and sees positions < limit.
-  const int limit = kv_len - q_len + (token - q0) + 1;
-  const int tiles_total = (limit + kKeys - 1) / kKeys;
-  const int tiles_per_split = (tiles_total + num_splits - 1) / num_splits;
+  // With a combine behind this grid (num_splits > 1), let it launch now (PDL): its CTAs wait in
+  // griddepcontrol.wait until this grid has completed, so only its launch latency is hidden. This
+  // grid was launched normally: its predecessors are complete, as the PDL convention requires.
+  if (num_splits > 1) pdl_trigger();
+
+  const TokenRange tr = token_range(a, token);
+  const int seq = tr.seq, limit = tr.limit;
+  const int tiles_total = max(0, (limit + kKeys - 1) / kKeys);
+  const int used = splits_in_use(tiles_total, num_splits);
+  if (split >= used) return;  // uniform per CTA, before any barrier; the combine reads splits < used
+  const bool direct = used == 1;  // this CTA (split 0) owns the whole context: write out, no partials
+  const int tiles_per_split = (tiles_total + used - 1) / used;
   const int tile_begin = split * tiles_per_split;
   const int tile_end = min(tile_begin + tiles_per_split, tiles_total);
 
   const size_t part_row = (size_t(split) * size_t(a.num_tokens) + size_t(token)) * size_t(a.num_heads) + size_t(head0);
   float* ws_o = static_cast<float*>(a.workspace);                                        // [splits, T, H, r]
   float* ws_ml = ws_o + size_t(num_splits) * size_t(a.num_tokens) * size_t(a.num_heads) * kRank;  // [splits, T, H, 2]
-  if (tile_begin >= tile_end) {  // empty split: contributes nothing
-    if (num_splits == 1) {  // only for an invalid batch (kv_len < q_len): no keys, write zeros
+  if (tile_begin >= tile_end) {  // empty split (e.g. 9 tiles over 4 splits of 3): contributes nothing
+    if (direct) {  // only for an invalid batch (kv_len < q_len): no keys, write zeros
       for (int i = tid; i < kHeads * kRank; i += kThreads)
         a.out[int64_t(token) * a.out_row_stride + int64_t(head0 + i / kRank) * a.out_head_stride + i % kRank] = 0.0f;
     } else if (tid < kHeads) {
@@ -125,6 +160,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
   // be 2.4 TB), then each 1152-byte row is copied by the warp as 16-byte chunks lane, lane + 32 and
   // lane + 64 (coalesced). Rows at or past `limit` are zero-filled: P is 0 there, but 0 * garbage
   // could be NaN in the P V product.
+  // (An L2 prefetch of the next 1-2 tiles was tried on the H200, 2026-11-30: 16 heads fell from 65%
+  // of copy bandwidth without it to 47% (1 tile ahead) and 55-60% (2 ahead); not used.)
   const char* cache_bytes = reinterpret_cast<const char*>(a.cache) + lane * 16;
   const uint32_t kv_base = smem_addr(kv_s) + uint32_t((warp * 8 * kRowElems) * 2 + lane * 16);
   auto load_tile = [&](int buf, int tile) {
@@ -149,11 +186,31 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
 
   load_tile(0, tile_begin);  // overlaps with the Q staging below
 
-  // Stage Q (kHeads x 576, fp32 -> bf16) and take this warp's A fragments into registers.
-  for (int idx = tid; idx < kHeads * kKvDim; idx += kThreads) {
-    const int h = idx / kKvDim, d = idx % kKvDim;
-    const float v = a.q[int64_t(token) * a.q_row_stride + int64_t(head0 + h) * a.q_head_stride + d];
-    q_s[h * kRowElems + d] = f32_to_bf16_bits(v);
+  // Stage Q (kHeads x 576, fp32 -> bf16) and take this warp's A fragments into registers. The
+  // vector path issues all of a thread's float4 loads (9 or 18) before converting any: one memory
+  // round trip instead of a chain of dependent scalar ones (a batch-1 call is mostly latency).
+  const float* q_tok = a.q + int64_t(token) * a.q_row_stride + int64_t(head0) * a.q_head_stride;
+  if (q_vec) {  // host-checked: q 16-byte aligned, strides multiples of 4 floats
+    constexpr int kVecPerRow = kKvDim / 4, kVecPerThread = kHeads * kVecPerRow / kThreads;
+    static_assert(kHeads * kVecPerRow % kThreads == 0);
+    float4 v[kVecPerThread];
+#pragma unroll
+    for (int i = 0; i < kVecPerThread; ++i) {
+      const int idx = tid + i * kThreads, h = idx / kVecPerRow, c = (idx % kVecPerRow) * 4;
+      v[i] = *reinterpret_cast<const float4*>(q_tok + int64_t(h) * a.q_head_stride + c);
+    }
+#pragma unroll
+    for (int i = 0; i < kVecPerThread; ++i) {
+      const int idx = tid + i * kThreads, h = idx / kVecPerRow, c = (idx % kVecPerRow) * 4;
+      const uint32_t lo = uint32_t(f32_to_bf16_bits(v[i].x)) | (uint32_t(f32_to_bf16_bits(v[i].y)) << 16);
+      const uint32_t hi = uint32_t(f32_to_bf16_bits(v[i].z)) | (uint32_t(f32_to_bf16_bits(v[i].w)) << 16);
+      *reinterpret_cast<uint2*>(q_s + h * kRowElems + c) = make_uint2(lo, hi);  // 8-byte aligned: 1168 h + 2c
+    }
+  } else {
+    for (int idx = tid; idx < kHeads * kKvDim; idx += kThreads) {
+      const int h = idx / kKvDim, d = idx % kKvDim;
+      q_s[h * kRowElems + d] = f32_to_bf16_bits(q_tok[int64_t(h) * a.q_head_stride + d]);
+    }
   }
   __syncthreads();
   const int kq = warp % kDimSplit, kh = warp / kDimSplit;  // this warp's dim quarter and key half
@@ -312,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const int r_lo = m * 16 + g, r_hi = r_lo + 8;
-    if (num_splits == 1) {
+    if (direct) {
       const float inv_lo = 1.0f / l_s[r_lo], inv_hi = 1.0f / l_s[r_hi];
       float* out_lo = a.out + int64_t(token) * a.out_row_stride + int64_t(head0 + r_lo) * a.out_head_stride;
       float* out_hi = a.out + int64_t(token) * a.out_row_stride + int64_t(head0 + r_hi) * a.out_head_stride;
@@ -335,35 +392,55 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
       }
     }
   }
-  if (num_splits > 1 && tid < kHeads) {
+  if (!direct && tid < kHeads) {
     ws_ml[(part_row + size_t(tid)) * 2 + 0] = m_s[tid];
     ws_ml[(part_row + size_t(tid)) * 2 + 1] = l_s[tid];
   }
 }
 
 // Merges the split partials of one (token, head) row in split order (deterministic):
-// out = sum_i 2^(m_i - M) O_i / sum_i 2^(m_i - M) l_i. Block: 128 threads x 4 columns = 512.
-// Napkin math: reads splits * (512 + 2) * 4 B per row, ~1-10% of the attention kernel's bytes.
+// out = sum_i 2^(m_i - M) O_i / sum_i 2^(m_i - M) l_i over the `used` splits of the token (the same
+// count the attention kernel derived; used = 1: that kernel wrote out, nothing to do). Block: 128
+// threads x 4 columns = 512. Launched with PDL: it starts while the attention grid runs and waits in
+// pdl_wait for it; q_indptr / kv_lens are read before the wait (complete before the attention grid,
+// a normal launch, started). All (m, l) loads, then all O loads, are issued unrolled before use:
+// one or two memory round trips instead of 2 x splits dependent ones (the old loop took 13.7 us at
+// batch 1 x 128 heads x 28 splits). Napkin: reads used * (512 + 2) * 4 B per row.
 __global__ void __launch_bounds__(kRank / 4) mla_decode_tc_combine_kernel(MlaDecodeTcArgs a, int num_splits) {
   const int head = int(blockIdx.x), token = int(blockIdx.y), col = int(threadIdx.x) * 4;
+  const TokenRange tr = token_range(a, token);
+  const int used = splits_in_use(max(0, (tr.limit + kKeys - 1) / kKeys), num_splits);
+  pdl_wait();  // every CTA waits, also those that return: this grid's end implies its predecessor's
+  if (used == 1) return;
   const size_t rows = size_t(a.num_tokens) * size_t(a.num_heads);
   const size_t row = size_t(token) * size_t(a.num_heads) + size_t(head);
   const float* ws_o = static_cast<const float*>(a.workspace);
   const float* ws_ml = ws_o + size_t(num_splits) * rows * kRank;
-  float big_m = kNegInf;
-  for (int i = 0; i < num_splits; ++i) {
-    const float l = ws_ml[(size_t(i) * rows + row) * 2 + 1];
-    if (l > 0.0f) big_m = fmaxf(big_m, ws_ml[(size_t(i) * rows + row) * 2]);
+  // ld.cg (L2): the partials were written by a grid that overlapped this one's start.
+  float m[kMaxSplits], l[kMaxSplits];
+#pragma unroll
+  for (int i = 0; i < kMaxSplits; ++i) {
+    m[i] = kNegInf;
+    l[i] = 0.0f;
+    if (i < used) {
+      const float2 ml = __ldcg(reinterpret_cast<const float2*>(ws_ml + (size_t(i) * rows + row) * 2));
+      m[i] = ml.x;
+      l[i] = ml.y;
+    }
   }
+  float big_m = kNegInf;
+#pragma unroll
+  for (int i = 0; i < kMaxSplits; ++i)
+    if (l[i] > 0.0f) big_m = fmaxf(big_m, m[i]);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float den = 0.0f;
-  for (int i = 0; i < num_splits; ++i) {
-    const float m = ws_ml[(size_t(i) * rows + row) * 2], l = ws_ml[(size_t(i) * rows + row) * 2 + 1];
-    if (!(l > 0.0f)) continue;  // empty split: its O was never written
-    const float w = exp2f(m - big_m);
-    const float4 v = *reinterpret_cast<const float4*>(ws_o + (size_t(i) * rows + row) * kRank + col);
+#pragma unroll
+  for (int i = 0; i < kMaxSplits; ++i) {
+    if (!(l[i] > 0.0f)) continue;  // unused or empty split: its O was never written
+    const float w = exp2f(m[i] - big_m);
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(ws_o + (size_t(i) * rows + row) * kRank + col));
     acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
-    den += w * l;
+    den += w * l[i];
   }
   // A valid batch gives every query >= 1 key, so some split has l > 0; zeros otherwise (kv_len < q_len).
   const float inv = den > 0.0f ? 1.0f / den : 0.0f;
@@ -378,16 +455,32 @@ int sm_count() {
   return std::max(sms, 1);
 }
 
-// Head tiles per CTA: 2 whenever the heads allow it (see TcGeom).
+// Head tiles per CTA of the mma.sync kernel: 2 whenever the heads allow it (see TcGeom).
 int heads_per_cta(int num_heads) { return num_heads % TcGeom<2>::kHeads == 0 ? TcGeom<2>::kHeads : kHeadTile; }
+
+// The kernel a call runs (Auto resolved; a forced Wgmma that the device or shape cannot run fails).
+bool use_wgmma(const MlaDecodeTcArgs& args) {
+  if (args.kernel == MlaDecodeKernel::MmaSync) return false;
+  const bool ok = mla_decode_sm90a_supported(args.num_heads, args.kv_lora_rank, args.rope_dim);
+  MLA_CHECK(ok || args.kernel != MlaDecodeKernel::Wgmma,
+            "mla_decode_tc: wgmma kernel forced but unsupported ({} heads, want a multiple of {} on sm_90)",
+            args.num_heads, kMlaSm90aHeadTile);
+  return ok;
+}
+int cta_heads(const MlaDecodeTcArgs& args) {
+  return use_wgmma(args) ? kMlaSm90aHeadTile : heads_per_cta(args.num_heads);
+}
 
 // Splits per launch: a function of T and H only (graph replay). CTAs = T * H / heads_per_cta *
 // splits at one CTA per SM (170-192 KB of smem); time ~ waves / splits, so pick the smallest split
 // count within 15% of the best such ratio (fewer splits = less combine traffic and longer streams
 // per CTA). On 132 SMs: batch 64 x 16 heads: 2 splits (128 CTAs); batch 64 x 128 heads: 1 split
-// (256 CTAs); batch 1 x 16 heads: 28 splits.
-int num_splits_for(int num_tokens, int num_heads) {
-  const int64_t base = int64_t(num_tokens) * (num_heads / heads_per_cta(num_heads)), sms = sm_count();
+// (256 CTAs); batch 1 x 16 or 128 heads: 28 splits. That is the grid's maximum: a row uses
+// min(28, ceil(tiles / kMinTilesPerSplit)) of them (splits_in_use, on the device).
+// The wgmma kernel (64 heads per CTA, also one CTA per SM) uses the same rule with its head count:
+// batch 64 x 128 heads = 128 CTAs, 1 split.
+int num_splits_for(int num_tokens, int num_heads, int heads_per_block) {
+  const int64_t base = int64_t(num_tokens) * (num_heads / heads_per_block), sms = sm_count();
   if (base <= 0) return 1;
   auto cost = [&](int64_t s) { return double((base * s + sms - 1) / sms) / double(s); };
   double best = cost(1);
@@ -397,12 +490,19 @@ int num_splits_for(int num_tokens, int num_heads) {
   return 1;
 }
 
-template <int M> void launch_attention(const MlaDecodeTcArgs& args, int splits, Stream stream) {
+template <int M> void launch_attention(const MlaDecodeTcArgs& args, int splits, int q_vec, Stream stream) {
   constexpr int kSmem = TcGeom<M>::kSmemBytes;
   MLA_GPU_CHECK(cudaFuncSetAttribute(mla_decode_tc_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid(unsigned(args.num_heads / TcGeom<M>::kHeads), unsigned(splits), unsigned(args.num_tokens));
-  mla_decode_tc_kernel<M><<<grid, kThreads, kSmem, stream>>>(args, splits);
+  mla_decode_tc_kernel<M><<<grid, kThreads, kSmem, stream>>>(args, splits, q_vec);
   MLA_GPU_LAUNCH_CHECK();
+}
+
+// The combine, launched with programmatic stream serialization (PDL; a programmatic edge when
+// captured): it may start once every attention CTA has triggered, and waits for that grid in-kernel.
+void launch_combine(const MlaDecodeTcArgs& args, int splits, Stream stream) {
+  launch_maybe_pdl(mla_decode_tc_combine_kernel, dim3(unsigned(args.num_heads), unsigned(args.num_tokens)),
+                   dim3(kRank / 4), true, stream, args, splits);
 }
 
 }  // namespace
@@ -417,7 +517,7 @@ bool mla_decode_tc_supported(int num_heads, int kv_lora_rank, int rope_dim) {
 
 size_t mla_decode_tc_workspace_bytes(const MlaDecodeTcArgs& args) {
   if (args.num_tokens <= 0 || args.num_heads <= 0) return 0;
-  const int splits = num_splits_for(args.num_tokens, args.num_heads);
+  const int splits = num_splits_for(args.num_tokens, args.num_heads, cta_heads(args));
   if (splits == 1) return 0;  // the attention kernel writes `out` directly
   return size_t(splits) * size_t(args.num_tokens) * size_t(args.num_heads) * (kRank + 2) * sizeof(float);
 }
@@ -439,17 +539,19 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream) {
   MLA_CHECK(args.q && args.cache && args.out && args.q_indptr && args.kv_lens && args.block_indptr && args.block_ids,
             "mla_decode_tc: null pointer argument");
   MLA_CHECK(reinterpret_cast<uintptr_t>(args.cache) % 16 == 0, "mla_decode_tc: cache not 16-byte aligned");
-  const int splits = num_splits_for(args.num_tokens, args.num_heads);
+  const bool wgmma = use_wgmma(args);
+  const int splits =
+      num_splits_for(args.num_tokens, args.num_heads, wgmma ? kMlaSm90aHeadTile : heads_per_cta(args.num_heads));
   if (splits > 1)
     MLA_CHECK(args.workspace && reinterpret_cast<uintptr_t>(args.workspace) % 16 == 0,
               "mla_decode_tc: {} splits need a 16-byte aligned workspace", splits);
-  if (heads_per_cta(args.num_heads) == TcGeom<2>::kHeads) launch_attention<2>(args, splits, stream);
-  else launch_attention<1>(args, splits, stream);
-  if (splits > 1) {
-    mla_decode_tc_combine_kernel<<<dim3(unsigned(args.num_heads), unsigned(args.num_tokens)), kRank / 4, 0, stream>>>(
-        args, splits);
-    MLA_GPU_LAUNCH_CHECK();
-  }
+  // float4 loads of q need 16-byte rows; otherwise the scalar staging loop (same values).
+  const int q_vec = reinterpret_cast<uintptr_t>(args.q) % 16 == 0 && args.q_row_stride % 4 == 0 &&
+                    args.q_head_stride % 4 == 0;
+  if (wgmma) mla_decode_sm90a_attention(args, splits, q_vec, stream);
+  else if (heads_per_cta(args.num_heads) == TcGeom<2>::kHeads) launch_attention<2>(args, splits, q_vec, stream);
+  else launch_attention<1>(args, splits, q_vec, stream);
+  if (splits > 1) launch_combine(args, splits, stream);
 }
 
 #else  // HIP: no mma.sync; the dispatcher takes the generic path.

@@ -5,6 +5,9 @@
 //   - cache BF16 [num_blocks, block_size, kv_lora_rank + rope_dim] with kv_lora_rank = 512 and
 //     rope_dim = 64 (DeepSeek-V3 / Kimi geometry);
 //   - an NVIDIA GPU with mma.sync bf16 (sm_80+); on HIP builds mla_decode_tc_supported() is false.
+// On an H100/H200 (compute capability 9.0) head counts that are a multiple of 64 run the wgmma kernel
+// of gpu_mla_decode_sm90a.h instead (same arguments, workspace format and combine); `kernel` forces
+// either one.
 #pragma once
 
 #include <cstddef>
@@ -12,9 +15,25 @@
 
 #include "backend/gpu/gpu.h"
 
+namespace mla::ops {
+class Backend;
+}
+
 namespace mla::gpu {
 
 constexpr int kMlaTcHeadTile = 16;
+// Shared by both attention kernels and the combine: 64-key tiles; a token uses as many of the grid's
+// KV splits (at most kMlaDecodeMaxSplits) as give each >= kMlaDecodeMinTilesPerSplit tiles.
+constexpr int kMlaDecodeKeyTile = 64;
+constexpr int kMlaDecodeMinTilesPerSplit = 2;
+constexpr int kMlaDecodeMaxSplits = 32;
+
+// Which attention kernel mla_decode_tc runs.
+enum class MlaDecodeKernel {
+  Auto,     // Wgmma where mla_decode_sm90a_supported(num_heads, ...), else MmaSync
+  MmaSync,  // the sm_80+ mma.sync kernel (16 or 32 heads per CTA)
+  Wgmma,    // the sm_90a wgmma kernel (64 heads per CTA); fails when unsupported
+};
 
 // One call's arguments. q/out are F32 views with heads padded to `num_heads` (a tile multiple);
 // indptr arrays are device I32 (see ops::AttentionBatch).
@@ -36,6 +55,7 @@ struct MlaDecodeTcArgs {
   float* out = nullptr;             // [T, num_heads, kv_lora_rank], row stride out_row_stride
   int64_t out_row_stride = 0, out_head_stride = 0;
   void* workspace = nullptr;        // mla_decode_tc_workspace_bytes() bytes
+  MlaDecodeKernel kernel = MlaDecodeKernel::Auto;  // the workspace size depends on it
 };
 
 // True on an NVIDIA device of compute capability >= 8.0 when num_heads is a positive multiple of
@@ -44,10 +64,20 @@ bool mla_decode_tc_supported(int num_heads, int kv_lora_rank, int rope_dim);
 // Split-KV partials for this call's num_tokens / num_heads (a function of those two and the SM count
 // only, like the launch grid); 0 when one split fills the GPU, and then `workspace` may be null.
 size_t mla_decode_tc_workspace_bytes(const MlaDecodeTcArgs& args);
-// Launches the attention kernel (and, with > 1 split, the combine kernel) on `stream`. q's and
+// The grid has that many splits; each query row uses only as many as its context fills with >= 2
+// tiles of 64 keys (derived on the device from kv_lens; unused CTAs exit at once, and a row that uses
+// one split is written directly and skipped by the combine).
+// Launches the attention kernel (and, with > 1 split, the combine kernel, as a programmatic dependent
+// launch) on `stream`. q's and
 // out's last dims must be contiguous; cache and workspace 16-byte aligned; out must not alias q,
 // cache or workspace; num_tokens <= 65535. Never allocates or synchronizes (graph-capturable).
 // Precision: q and P are rounded to bf16 for the MMAs (fp32 accumulation, fp32 softmax).
 void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream);
+
+// The kernel that `gpu` (a GPU backend) uses for mla_attention_absorbed on the tensor-core path from
+// now on (gpu_mla_absorbed.cu). Forcing Wgmma pads the heads to a multiple of 64 (not 16) and fails
+// where mla_decode_sm90a_supported is false. Not to be changed while a graph captured with the other
+// setting is replayed (the captured launches keep theirs).
+void set_mla_decode_kernel(ops::Backend& gpu, MlaDecodeKernel kernel);
 
 }  // namespace mla::gpu

@@ -5,6 +5,7 @@
 // kv_lens, so a decode step run eagerly once sizes it for its captured replays.
 #pragma once
 
+#include "backend/gpu/gpu_mla_decode_tc.h"
 #include "backend/gpu/gpu_scratch.h"
 
 namespace mla::gpu {
@@ -14,6 +15,9 @@ struct MlaState {
   // absorb_q / expand_v on tensor cores (Bf16 mode): W_UK^T per call, then 16-bit activation rows.
   Scratch tc_scratch;
   int tc_device = -1;  // sm_80+ probe, -1 until first asked
+  // The absorbed decode's attention kernel on the tensor-core path (set_mla_decode_kernel): Auto in
+  // service; tests and benchmarks force MmaSync or Wgmma to cover and compare both.
+  MlaDecodeKernel decode_kernel = MlaDecodeKernel::Auto;
 };
 
 }  // namespace mla::gpu
