@@ -2,7 +2,8 @@
 // over expert counts, top-k, group limits, bias and normalization; moe_experts over weight formats x
 // both expert paths (decode GEMV, grouped GEMM) x token counts x odd shapes, with experts missing
 // from this rank, experts shared by many tokens, and strided x / out rows; in GemmPrecision::Bf16 the
-// tensor-core decode kernel (FP8, INT4) and the shapes that must fall back to the exact one.
+// tensor-core decode kernel (FP8, INT4), the tensor-core grouped kernel (BF16, FP8, INT4) and the
+// shapes that must fall back to the exact ones.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -262,6 +263,15 @@ Tolerance tc_tol(WeightKind kind) {
                                            : "tc: bf16 x and h (u = 2^-8), exact bf16(q s) W; 8u + 2u rel"};
 }
 
+// The tensor-core grouped (prefill) path (gpu_moe_grouped_tc.h): weights exact in bf16 (BF16; FP8
+// e4m3 -> bf16 with the block scale on the fp32 partial sums; INT4 bf16(q s), weight_at's value), x
+// and h rounded once to bf16 (u = 2^-8). The decode-path basis above applies with bf16's u: ~0.5 u
+// measured on these distributions, <= ~2 u over <= 4 slots with weights < 1; 8u + 2u rel: 4x margin.
+Tolerance grouped_tc_tol() {
+  const double u = std::ldexp(1.0, -8);
+  return Tolerance{8 * u, 2 * u, "grouped tc: bf16 x and h (u = 2^-8), exact W in bf16; 8u + 2u rel"};
+}
+
 std::unique_ptr<ops::Backend> make_bf16_backend() {
   auto made = gpu::make_gpu_backend({.gemm_precision = gpu::GemmPrecision::Bf16});
   EXPECT_TRUE(made.is_ok()) << made.status().message();
@@ -269,9 +279,12 @@ std::unique_ptr<ops::Backend> make_bf16_backend() {
 }
 
 // Shapes the kernel takes (FP8: H, I % 64; INT4: % 128): a single 64-row CTA and K chunks fewer than
-// one unrolled step (192 x 64), partial 128 x 128 scale blocks in both dims (FP8 320 x 576: 2.5 k
-// blocks, 4.5 row blocks), several chunks and CTAs (INT4 384 x 256, 640 x 384); T = 1, 3, 8, 16 with
-// experts missing from the rank, strided x / out at T = 3.
+// one double-buffered step (192 x 64), partial 128 x 128 scale blocks in both dims (FP8 320 x 576:
+// 2.5 k blocks, 4.5 row blocks), several chunks and CTAs (INT4 384 x 256, 640 x 384); T = 1, 2, 3,
+// 8, 16 with experts missing from the rank, strided x / out at T = 3. At these sizes the gate/up pass
+// splits K over 2-8 CTAs (few row blocks; pairs <= 64), with a short last split at FP8 H 704 (11
+// chunks: 6 splits of 2, 2, 2, 2, 2, 1) and INT4 H 1152 (9 chunks: 5 splits), except the one-chunk
+// shapes (FP8 H 64, INT4 H 128: no split) and Auto T = 17 (grouped GEMM).
 TEST(GpuParityMoe, TensorCoreDecodeBf16) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
@@ -281,23 +294,29 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16) {
   };
   const Shape shapes[] = {{WeightKind::FP8, 192, 64},
                           {WeightKind::FP8, 320, 576},
+                          {WeightKind::FP8, 64, 128},
+                          {WeightKind::FP8, 704, 192},
                           {WeightKind::INT4_BF16, 384, 256},
-                          {WeightKind::INT4_BF16, 640, 384}};
+                          {WeightKind::INT4_BF16, 640, 384},
+                          {WeightKind::INT4_BF16, 128, 256},
+                          {WeightKind::INT4_BF16, 1152, 128}};
   uint32_t seed = 7000;
   for (const Shape& sh : shapes) {
     std::mt19937 rng(seed++);
     const auto set = make_experts(rng, sh.kind, 12, sh.hidden, sh.inter, 4);
-    for (int64_t t : {1, 3, 8, 16})
+    for (int64_t t : {1, 2, 3, 8, 16})
       check_experts_on(*be, *set, sh.kind, gpu::MoePath::Decode, t, 4, t == 3, seed++, tc_tol(sh.kind),
                        " [bf16 tc]");
-    // Auto: T = 16 takes the tensor-core decode path, T = 17 the exact grouped GEMM.
+    // Auto: T = 16 takes the tensor-core decode path, T = 17 the tensor-core grouped GEMM.
     check_experts_on(*be, *set, sh.kind, gpu::MoePath::Auto, 16, 4, false, seed++, tc_tol(sh.kind), " [bf16 tc]");
-    check_experts_on(*be, *set, sh.kind, gpu::MoePath::Auto, 17, 4, false, seed++, exact_tol(*set), " [bf16 grouped]");
+    check_experts_on(*be, *set, sh.kind, gpu::MoePath::Auto, 17, 4, false, seed++, grouped_tc_tol(),
+                     " [bf16 grouped tc]");
   }
 }
 
-// More than 8 pairs per expert (several 8-column passes, a partial last one) and the decode path
-// forced at T = 111 (up to ~75 pairs on one of 3 experts), top-1 and top-2.
+// More than 8 pairs per expert (several 8-column passes, a partial last one; T = 16 and 13 with the
+// gate/up split K, whose last CTA reduces every pass) and the decode path forced at T = 111 (up to
+// ~75 pairs on one of 3 experts, 222 pairs: no split), top-1 and top-2.
 TEST(GpuParityMoe, TensorCoreDecodeBf16Crowded) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
@@ -311,7 +330,9 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16Crowded) {
   }
 }
 
-// The DeepSeek-V3 expert shape on the tensor-core path (the bench's shape), one expert missing.
+// The DeepSeek-V3 expert shape on the tensor-core path (the bench's shape), one expert missing:
+// T = 1, 2, 8, 16 top-2 run the gate/up split K (2-32 pairs on <= 4 held experts: S = 8 at
+// 112 / 56 chunks); T = 40 (80 pairs > 64) the unsplit kernel.
 TEST(GpuParityMoe, TensorCoreDecodeBf16DeepSeekShape) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
@@ -319,8 +340,9 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16DeepSeekShape) {
   for (WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
     std::mt19937 rng(seed++);
     const auto set = make_experts(rng, kind, 5, 7168, 2048, 4);
-    for (int64_t t : {1, 8, 16})
+    for (int64_t t : {1, 2, 8, 16})
       check_experts_on(*be, *set, kind, gpu::MoePath::Auto, t, 2, false, seed++, tc_tol(kind), " [bf16 tc]");
+    check_experts_on(*be, *set, kind, gpu::MoePath::Decode, 40, 2, false, seed++, tc_tol(kind), " [bf16 tc]");
   }
 }
 
@@ -384,6 +406,140 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16Fallback) {
     for (int64_t t : {1, 8})
       check_experts_on(*be, *set, sh.kind, gpu::MoePath::Decode, t, 4, t == 1, seed++, exact_tol(*set),
                        " [bf16 fallback]");
+  }
+}
+
+// ---- GemmPrecision::Bf16: the tensor-core grouped GEMM (gpu_moe_grouped_tc.h) --------------------
+// Shapes it takes (hidden, inter % 32, formats BF16 / FP8 / INT4 bf16-scale) that straddle its tiles:
+// 64-row gate/up column tiles and 128-row down tiles with partial last ones (I 96, 160, 576; H 224,
+// 320), FP8 partial 128 x 128 scale blocks in k and n (H 320 = 2.5 blocks, I 576 = 4.5) and a
+// single 32-k step (I 32). T = 17, 64, 333 at top-4 over 12 experts (3 not held): ~8, ~28 and ~148
+// pairs per expert, i.e. one partial 64-pair tile up to three with a ragged tail; strided x / out.
+TEST(GpuParityMoe, TensorCoreGroupedBf16) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  struct Shape {
+    WeightKind kind;
+    int64_t hidden, inter;
+  };
+  const Shape shapes[] = {{WeightKind::BF16, 224, 96},
+                          {WeightKind::FP8, 320, 576},
+                          {WeightKind::FP8, 160, 32},
+                          {WeightKind::INT4_BF16, 384, 160}};
+  uint32_t seed = 7500;
+  for (const Shape& sh : shapes) {
+    std::mt19937 rng(seed++);
+    const auto set = make_experts(rng, sh.kind, 12, sh.hidden, sh.inter, 4);
+    for (int64_t t : {17, 64, 333})
+      check_experts_on(*be, *set, sh.kind, gpu::MoePath::Grouped, t, 4, t == 17, seed++, grouped_tc_tol(),
+                       " [bf16 grouped tc]");
+  }
+}
+
+// Few experts, many pairs each: T 333 top-2 over 3 experts (~222 pairs: 4 tiles, the last partial)
+// and T 200 top-1 (~67: one full tile + a 3-pair tail), every format the kernel takes.
+TEST(GpuParityMoe, TensorCoreGroupedBf16Crowded) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  uint32_t seed = 7600;
+  for (WeightKind kind : {WeightKind::BF16, WeightKind::FP8, WeightKind::INT4_BF16}) {
+    std::mt19937 rng(seed++);
+    const auto set = make_experts(rng, kind, 3, 256, 128, 0);
+    check_experts_on(*be, *set, kind, gpu::MoePath::Grouped, 333, 2, false, seed++, grouped_tc_tol(),
+                     " [bf16 grouped tc]");
+    check_experts_on(*be, *set, kind, gpu::MoePath::Grouped, 200, 1, true, seed++, grouped_tc_tol(),
+                     " [bf16 grouped tc]");
+  }
+}
+
+// The DeepSeek-V3 expert shape (K 7168 for gate/up: 56 FP8 scale blocks, 224 INT4 groups), Auto at
+// T = 64 (the grouped path), one expert missing.
+TEST(GpuParityMoe, TensorCoreGroupedBf16DeepSeekShape) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  uint32_t seed = 7700;
+  for (WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
+    std::mt19937 rng(seed++);
+    const auto set = make_experts(rng, kind, 5, 7168, 2048, 4);
+    check_experts_on(*be, *set, kind, gpu::MoePath::Auto, 64, 2, false, seed++, grouped_tc_tol(),
+                     " [bf16 grouped tc]");
+  }
+}
+
+// Bf16 mode, grouped path, what the tensor-core kernel does not take: the exact fp32 grouped kernel
+// runs (the exact tolerance proves it). H 200 and I 80 (not multiples of 32), H 203 (unaligned rows),
+// INT4 with F32 scales and F16 dense weights (not exact in bf16).
+TEST(GpuParityMoe, TensorCoreGroupedBf16Fallback) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  struct Shape {
+    WeightKind kind;
+    int64_t hidden, inter;
+  };
+  const Shape shapes[] = {{WeightKind::FP8, 200, 96},
+                          {WeightKind::INT4_BF16, 256, 80},
+                          {WeightKind::BF16, 203, 64},
+                          {WeightKind::INT4_F32, 256, 128},
+                          {WeightKind::F16, 256, 128}};
+  uint32_t seed = 7800;
+  for (const Shape& sh : shapes) {
+    std::mt19937 rng(seed++);
+    const auto set = make_experts(rng, sh.kind, 12, sh.hidden, sh.inter, 4);
+    for (int64_t t : {17, 40})
+      check_experts_on(*be, *set, sh.kind, gpu::MoePath::Grouped, t, 4, t == 17, seed++, exact_tol(*set),
+                       " [bf16 grouped fallback]");
+  }
+}
+
+// ---- moe_route at decode batch sizes (one warp per token) ---------------------------------------------
+// DeepSeek-V3 / Kimi K2 shapes at T = 1, 3, 7 (several tokens share a block), top_k above the warp
+// width, and the largest expert counts (one warp per block: 4 * (E + n_group + top_k) bytes each).
+TEST(GpuParityMoe, RouteDecodeBatches) {
+  uint32_t seed = 500;
+  for (int64_t t : {int64_t(1), int64_t(3), int64_t(7)}) {
+    check_route(RouteCase{t, 256, 8, 8, 4, true, true}, seed++);
+    check_route(RouteCase{t, 384, 8, 1, 1, true, true}, seed++);
+    check_route(RouteCase{t, 256, 40, 8, 4, false, true}, seed++);
+    check_route(RouteCase{t, 160, 6, 8, 3, true, false}, seed++);
+  }
+  check_route(RouteCase{5, 4096, 64, 1, 1, true, true}, seed++);
+  check_route(RouteCase{3, 4096, 8, 2048, 1024, true, true}, seed++);
+  check_route(RouteCase{2, 2, 2, 1, 1, false, true}, seed++);
+}
+
+// Exact ties at decode shapes: E = 256 in 8 groups of 32 (DeepSeek-V3) and E = 384 ungrouped, logits
+// from four values, so whole groups tie and the top-k boundary falls inside a run of equal scores.
+TEST(GpuParityMoe, RouteTiesDecode) {
+  std::mt19937 rng(37);
+  for (int64_t experts : {int64_t(256), int64_t(384)}) {
+    for (int64_t tokens : {int64_t(1), int64_t(3)}) {
+      std::vector<float> logits(static_cast<size_t>(tokens * experts));
+      for (float& v : logits) v = float(rng() % 4) * 0.75f;  // non-negative: see RouteTies
+      const Twin l = twin_from_floats(logits, {tokens, experts});
+      const ops::MoeRouting routing{8, experts == 256 ? 8 : 1, experts == 256 ? 4 : 1, true, 2.5f};
+      const Twin ids = twin_output(DType::I32, {tokens, 8});
+      const Twin w = twin_output(DType::F32, {tokens, 8});
+      run_both([&](ops::Backend& be, bool g) {
+        be.moe_route(pick(l, g), TensorView{}, routing, pick(ids, g), pick(w, g));
+      });
+      const std::string name = fmt::format("ties T{} E{} k8 g{}/{}", tokens, experts, routing.n_group,
+                                           routing.topk_group);
+      EXPECT_TRUE(check_parity("moe_route ids", name, ids, Tolerance{0, 0, "tie order: lower id first, exact"}));
+      EXPECT_TRUE(check_parity("moe_route weights", name, w, Tolerance{1e-7, 1e-6, "expf 2-ulp + renormalization"}));
+    }
+  }
+}
+
+// moe_plan's block size follows the shapes: one warp (E = 256, T = 1), a few warps (E = 384, T = 16;
+// E = 40, T = 5), 1024 threads (T = 300). Outputs must not depend on it; every 5th expert is not held.
+TEST(GpuParityMoe, ExpertsPlanBlockSizes) {
+  std::mt19937 rng(41);
+  uint32_t seed = 600;
+  for (const auto& [experts, tokens] : {std::pair<int64_t, int64_t>{256, 1}, {384, 16}, {40, 5}, {256, 300}}) {
+    auto set = make_experts(rng, WeightKind::BF16, experts, 64, 32, 5);
+    for (gpu::MoePath path : kPaths)
+      if (tokens <= 16 || path == gpu::MoePath::Grouped)
+        check_experts(*set, WeightKind::BF16, path, tokens, 8, false, seed++);
   }
 }
 

@@ -63,11 +63,19 @@ bool dense_tc_shape_ok(MoeFormat format, int64_t in, int64_t out) {
 }
 
 DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out) {
-  // ~4 CTAs per SM of an H200 (132 SMs) so enough 16-byte loads are in flight; at most 32 splits and
-  // at least one chunk each. Depends on the shape only (the same for every T and every replay).
-  constexpr int64_t kTargetCtas = 4 * 132, kMaxSplits = 32;
+  // A CTA's time is set by the loads it keeps in flight rather than by its share of the bytes, so the
+  // grid should fill the resident slots (3 CTAs per SM by __launch_bounds__, 132 SMs on an H200)
+  // without a small second wave, yet keep >= 2 CTAs per SM's worth of loads. Measured with ncu on
+  // the H200 (2026-11-30, batch 1, DeepSeek-V3 FP8, mean per call over a step): the 10 layers with
+  // 7168 outputs (112 row CTAs: o_proj, MLP down, shared-expert down) 52.1 us at 5 splits (560 CTAs,
+  // 1.4 waves) vs 50.1 us at 3 (336 CTAs); MLP gate/up 7168 -> 18432 (288 row CTAs) 66.4 us at 2
+  // splits (576) vs 74.8 us at 1 (288: too few loads in flight). Hence
+  // max(2, floor(396 / row CTAs)) splits, at most 32 and at least one chunk each. Depends on the
+  // shape only (the same for every T and every replay).
+  constexpr int64_t kWaveCtas = 3 * 132, kMaxSplits = 32;
   const int64_t row_ctas = out / kActChunk, chunks = in / chunk_k(format);
-  const int64_t want = std::clamp<int64_t>((kTargetCtas + row_ctas - 1) / row_ctas, 1, std::min(chunks, kMaxSplits));
+  const int64_t want =
+      std::clamp<int64_t>(std::max<int64_t>(2, kWaveCtas / row_ctas), 1, std::min(chunks, kMaxSplits));
   const int64_t per = (chunks + want - 1) / want;
   return {(chunks + per - 1) / per, per};
 }
@@ -160,18 +168,7 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-#else
-__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t, uint32_t, uint32_t) {
-  __trap();  // never launched below sm_80 (moe_tc_device_ok)
-  return 0;
-}
-#endif
+using mma::fma_bf16x2;
 
 // Nibbles p and p + 4 of `w` as the bf16x2 (bf16(q_p s), bf16(q_{p+4} s)), q = nibble - 8:
 // 0x4300 | n is exactly 128 + n; fma(., 1, -136) = q exactly; fma(q, s, -0) rounds the exact q s

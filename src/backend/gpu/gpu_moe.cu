@@ -1,13 +1,15 @@
-// MoE ops on the GPU: noaux_tc routing (one block per token, exact CPU selection order) and the
+// MoE ops on the GPU: noaux_tc routing (one warp per token, exact CPU selection order) and the
 // routed experts (device-built routing plan, then the decode (fp32, or tensor-core in Bf16 mode:
-// gpu_decode_tc.cu) or grouped-GEMM expert kernels and a fixed-slot-order combine). Nothing here
-// syncs or copies per call; expert tables are cached per expert span, so decode steps capture into graphs.
+// gpu_decode_tc.cu) or grouped-GEMM (fp32, or tensor-core in Bf16 mode: gpu_moe_grouped_tc.cu)
+// expert kernels and a fixed-slot-order combine). Nothing here syncs or copies per call; expert
+// tables are cached per expert span, so decode steps capture into graphs.
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/gpu/gpu_backend_impl.h"
 #include "backend/gpu/gpu_decode_tc.h"
 #include "backend/gpu/gpu_moe.h"
+#include "backend/gpu/gpu_moe_grouped_tc.h"
 #include "backend/gpu/gpu_moe_kernels.cuh"
 #include "backend/gpu/gpu_moe_state.h"
 
@@ -17,38 +19,104 @@ namespace {
 
 using moe::Plan;
 
-constexpr int kRouteThreads = 256;
 constexpr int kMaxRouteExperts = 4096;  // 2 E floats of dynamic smem stay under the 48 KB default
 constexpr int kPlanThreads = 1024;
 constexpr int kMaxExperts = 2048;       // plan kernel's smem counters
 constexpr size_t kMaxChunkBytes = size_t(256) << 20;  // h + y scratch per token chunk (prefill)
+// The tensor-core grouped GEMM is compute-bound only with many pairs per expert, and every chunk
+// re-reads all experts' weights: at DeepSeek-V3's shape 256 MB is 910 tokens (~28 pairs per expert,
+// 11.3 GB of FP8 weights per chunk), 1 GiB 3640. A serving-memory trade-off: revisit with the lead.
+constexpr size_t kMaxChunkBytesGroupedTc = size_t(1) << 30;
 constexpr int64_t kDecodeMaxTokens = 16;
 
 // ---- moe_route ------------------------------------------------------------------------------------
-// One block per token. Selection = rank under the CPU's order (score desc, lower index first on
-// ties), so ids match the CPU's partial_sort exactly; weights are summed by thread 0 in slot order
-// like the CPU. Cost: E sigmoids + E rank scans with early exit (a few k comparisons): ~us.
-__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(
-    const float* __restrict__ logits, int64_t logits_stride, const float* __restrict__ bias, int64_t bias_stride,
-    int num_experts, int n_group, int topk_group, int top_k, int norm, float scale, int32_t* __restrict__ ids,
-    int64_t ids_stride, float* __restrict__ weights, int64_t weights_stride) {
-  extern __shared__ float route_smem[];
-  float* s = route_smem;                                   // [E] sigmoid scores
-  float* b = s + num_experts;                              // [E] biased (selection) scores
-  float* gscore = b + num_experts;                         // [n_group]
-  int32_t* chosen = reinterpret_cast<int32_t*>(gscore + n_group);  // [top_k]
-  const int tid = int(threadIdx.x);
-  const float* l = logits + int64_t(blockIdx.x) * logits_stride;
-  for (int k = tid; k < top_k; k += kRouteThreads) chosen[k] = 0;  // only NaN scores leave a rank unset
-  for (int e = tid; e < num_experts; e += kRouteThreads) {
-    s[e] = 1.0f / (1.0f + expf(-l[e]));
-    b[e] = s[e] + (bias != nullptr ? bias[int64_t(e) * bias_stride] : 0.0f);
+// One warp per token (kRouteWarps tokens per block; no block barrier, so idle warps just leave).
+// The selection is the CPU's order exactly (score desc, lower index first on ties) via order-
+// preserving keys: route_key(score) with the index as tie-break. Steps per token:
+//  1. lane l computes the sigmoid and biased score of experts l, l + W, ... into shared memory;
+//  2. (n_group > 1) lane g takes group g's top-2 sum with the CPU's loop, ranks it among the groups
+//     and writes -inf over its experts when it ranks topk_group or below, as the CPU does;
+//  3. top_k rounds of a warp argmax: each lane holds the best (key, index) of its own experts that
+//     sorts below the last one taken from it; two warp reductions (max key, then min index at that
+//     key) give the winner; only the winner's lane rescans its E / W experts;
+//  4. the unbiased scores of the chosen experts (the same expression recomputed from the logits,
+//     bit-identical), summed in slot order like the CPU, give the weights.
+// DeepSeek-V3 (E = 256, 8 groups, top-8) per token: 8 logits + 8 bias loads per lane (one round
+// trip), 8 expf per lane, 32-step group scans on 8 lanes, 8 x (2 warp reductions + an 8-entry rescan).
+constexpr int kRouteWarps = 4;  // tokens per block
+constexpr int kNoExpert = 0x7fffffff;  // "no candidate" index (INT_MAX)
+
+// __syncwarp: CUDA's, or on AMD (lock-step wavefronts, LDS accesses in issue order) a wavefront-scope
+// fence that keeps the compiler from moving shared accesses across it.
+__device__ __forceinline__ void route_syncwarp() {
+#if MLA_GPU_CUDA
+  __syncwarp();
+#else
+  __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+#endif
+}
+
+// Order-preserving key of a selection score: a > b as floats <=> key(a) > key(b), with -0 == +0 (as
+// the CPU's comparisons) and NaN mapped to 1, below every number (the CPU's order leaves NaN
+// unspecified; here it stays deterministic and in range). 0 means "no candidate".
+__device__ __forceinline__ uint32_t route_key(float v) {
+  if (v != v) return 1u;
+  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // -inf -> 0x007fffff > 1
+}
+
+__device__ __forceinline__ uint32_t route_warp_max(uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(0xffffffffu, v);  // one REDUX instead of log2(W) shuffle rounds
+#else
+  for (int m = kWarpSize / 2; m > 0; m /= 2) {
+    const uint32_t o = shfl_xor(v, m);
+    v = o > v ? o : v;
   }
-  __syncthreads();
+  return v;
+#endif
+}
+__device__ __forceinline__ int route_warp_min(int v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_min_sync(0xffffffffu, v);
+#else
+  for (int m = kWarpSize / 2; m > 0; m /= 2) {
+    const int o = shfl_xor(v, m);
+    v = o < v ? o : v;
+  }
+  return v;
+#endif
+}
+
+// Shared memory per warp: [E] biased scores (then the chosen experts' unbiased scores), [n_group]
+// group scores, [top_k] chosen ids: 4 * (E + n_group + top_k) bytes.
+__global__ void __launch_bounds__(kRouteWarps * kWarpSize) moe_route_kernel(
+    const float* __restrict__ logits, int64_t logits_stride, const float* __restrict__ bias, int64_t bias_stride,
+    int num_tokens, int num_experts, int n_group, int topk_group, int top_k, int norm, float scale,
+    int32_t* __restrict__ ids, int64_t ids_stride, float* __restrict__ weights, int64_t weights_stride) {
+  extern __shared__ float route_smem[];
+  const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
+  const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
+  if (t >= num_tokens) return;  // a whole warp: nothing below waits for it
+  float* b = route_smem + int64_t(warp) * (num_experts + n_group + top_k);
+  float* gscore = b + num_experts;
+  int32_t* chosen = reinterpret_cast<int32_t*>(gscore + n_group);
+  const float* l = logits + t * logits_stride;
+  const float ninf = -__int_as_float(0x7f800000);
+
+  // 1. Scores (the CPU's expressions). Lane l owns experts l + m * W in every later step.
+#pragma unroll 4
+  for (int e = lane; e < num_experts; e += kWarpSize) {
+    const float s = 1.0f / (1.0f + expf(-l[e]));
+    b[e] = s + (bias != nullptr ? bias[int64_t(e) * bias_stride] : 0.0f);
+  }
+  route_syncwarp();
+
+  // 2. Group limit.
   if (n_group > 1) {
     const int gsize = num_experts / n_group;
-    const float ninf = -__int_as_float(0x7f800000);
-    for (int g = tid; g < n_group; g += kRouteThreads) {  // top-2 sum, the CPU's exact loop
+    for (int g = lane; g < n_group; g += kWarpSize) {  // top-2 sum, the CPU's exact loop
       float first = ninf, second = ninf;
       for (int e = 0; e < gsize; ++e) {
         const float v = b[g * gsize + e];
@@ -61,32 +129,57 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(
       }
       gscore[g] = first + second;
     }
-    __syncthreads();
-    for (int e = tid; e < num_experts; e += kRouteThreads) {
-      const int g = e / gsize;
+    route_syncwarp();
+    for (int g = lane; g < n_group; g += kWarpSize) {
+      const float mine = gscore[g];
       int rank = 0;
-      for (int h = 0; h < n_group; ++h) rank += (gscore[h] > gscore[g] || (gscore[h] == gscore[g] && h < g)) ? 1 : 0;
-      if (rank >= topk_group) b[e] = ninf;
+      for (int h = 0; h < n_group && rank < topk_group; ++h)
+        rank += (gscore[h] > mine || (gscore[h] == mine && h < g)) ? 1 : 0;
+      if (rank >= topk_group)
+        for (int e = g * gsize; e < (g + 1) * gsize; ++e) b[e] = ninf;
     }
-    __syncthreads();
+    route_syncwarp();
   }
-  for (int e = tid; e < num_experts; e += kRouteThreads) {
-    const float v = b[e];
-    int rank = 0;
-    for (int f = 0; f < num_experts && rank < top_k; ++f) rank += (b[f] > v || (b[f] == v && f < e)) ? 1 : 0;
-    if (rank < top_k) chosen[rank] = e;
-  }
-  __syncthreads();
-  if (tid == 0) {
-    int32_t* out_ids = ids + int64_t(blockIdx.x) * ids_stride;
-    float* out_w = weights + int64_t(blockIdx.x) * weights_stride;
-    float sum = 0.0f;
-    for (int k = 0; k < top_k; ++k) sum += s[chosen[k]];
-    const float denom = norm ? sum + 1e-20f : 1.0f;
-    for (int k = 0; k < top_k; ++k) {
-      out_ids[k] = chosen[k];
-      out_w[k] = s[chosen[k]] / denom * scale;
+
+  // 3. Top-k. (cap_k, cap_e): the last (key, index) taken from this lane; the lane's candidates are
+  // its experts that sort strictly after it. Its indices ascend, so '>' keeps the lower index on ties.
+  uint32_t cap_k = 0xffffffffu, best_k = 0;  // real keys are < 0xffffffff (NaN maps to 1)
+  int cap_e = -1, best_e = kNoExpert;
+  auto rescan = [&]() {
+    best_k = 0;
+    best_e = kNoExpert;
+    for (int e = lane; e < num_experts; e += kWarpSize) {
+      const uint32_t key = route_key(b[e]);
+      if ((key < cap_k || (key == cap_k && e > cap_e)) && key > best_k) {
+        best_k = key;
+        best_e = e;
+      }
     }
+  };
+  rescan();
+  for (int k = 0; k < top_k; ++k) {
+    const uint32_t win_k = route_warp_max(best_k);
+    const int win_e = route_warp_min(best_k == win_k ? best_e : kNoExpert);
+    // win_e == kNoExpert only if fewer than top_k experts exist, which the host checks exclude.
+    const int e = win_e < num_experts ? win_e : 0;
+    if (lane == 0) chosen[k] = e;
+    if (lane == e % kWarpSize && k + 1 < top_k) {
+      cap_k = win_k;
+      cap_e = win_e;
+      rescan();
+    }
+  }
+  route_syncwarp();  // every rescan is done: b is free, chosen is complete
+
+  // 4. Weights from the unbiased scores, recomputed for the chosen experts into b[0, top_k).
+  for (int k = lane; k < top_k; k += kWarpSize) b[k] = 1.0f / (1.0f + expf(-l[chosen[k]]));
+  route_syncwarp();
+  float sum = 0.0f;
+  for (int k = 0; k < top_k; ++k) sum += b[k];  // slot order, as the CPU
+  const float denom = norm ? sum + 1e-20f : 1.0f;
+  for (int k = lane; k < top_k; k += kWarpSize) {
+    ids[t * ids_stride + k] = chosen[k];
+    weights[t * weights_stride + k] = b[k] / denom * scale;
   }
 }
 
@@ -99,25 +192,39 @@ __device__ __forceinline__ bool held(const DeviceExpert* table, int num_experts,
 // pairs into expert order. All loops are sized by P = T * top_k and E, never by the ids' values.
 // Order inside an expert's segment depends on atomics, but every pair's result is computed
 // independently and stored by pair index, so outputs stay deterministic.
+// The block size comes from the shapes (moe_plan_threads): one warp for a decode step of
+// DeepSeek-V3 (E = 256, P = 8), 1024 threads for prefill. Critical path at decode: the ids and the
+// held flags load together (one round trip), the counts' smem atomics, a warp scan of 8 experts per
+// lane, the plan stores; with one warp every __syncthreads is a single-warp barrier and the
+// cross-warp scan is skipped.
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const DeviceExpert* __restrict__ table,
                                                                 int num_experts, const int32_t* __restrict__ ids,
                                                                 int64_t ids_stride, int num_tokens, int top_k,
                                                                 Plan plan) {
   __shared__ int count[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
+  __shared__ unsigned char is_held[kMaxExperts];
   constexpr int kPlanWarps = kPlanThreads / kWarpSize;
   static_assert(kPlanWarps <= kWarpSize, "warp 0 scans the warp totals");
   __shared__ int warp_total[3][kPlanWarps];
-  const int tid = int(threadIdx.x);
+  const int tid = int(threadIdx.x), nt = int(blockDim.x);
   const int pairs = num_tokens * top_k;
-  for (int e = tid; e < num_experts; e += kPlanThreads) count[e] = 0;
-  __syncthreads();
-  for (int p = tid; p < pairs; p += kPlanThreads) {
-    const int e = ids[int64_t(p / top_k) * ids_stride + p % top_k];
-    if (held(table, num_experts, e)) atomicAdd(&count[e], 1);
+  // The first pair's id of each thread loads alongside the held flags; later ones (prefill) in the loops.
+  const int first_e = tid < pairs ? ids[int64_t(tid / top_k) * ids_stride + tid % top_k] : -1;
+  for (int e = tid; e < num_experts; e += nt) {
+    count[e] = 0;
+    is_held[e] = table[e].gate.data != nullptr ? 1 : 0;
   }
   __syncthreads();
-  const int per = (num_experts + kPlanThreads - 1) / kPlanThreads;
+  // held(): in range and not a hole of this rank's table (ids outside [0, E) contribute nothing).
+  auto pair_expert = [&](int p) { return p == tid ? first_e : ids[int64_t(p / top_k) * ids_stride + p % top_k]; };
+  auto held_here = [&](int e) { return e >= 0 && e < num_experts && is_held[e] != 0; };
+  for (int p = tid; p < pairs; p += nt) {
+    const int e = pair_expert(p);
+    if (held_here(e)) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  const int per = (num_experts + nt - 1) / nt;
   const int e0 = min(num_experts, tid * per), e1 = min(num_experts, e0 + per);
   int own[3] = {0, 0, 0};
   for (int e = e0; e < e1; ++e) {
@@ -125,29 +232,31 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const DeviceExpe
     own[1] += (count[e] + moe::kBM - 1) / moe::kBM;
     own[2] += count[e] > 0 ? 1 : 0;
   }
-  // Inclusive block scan of own[]: shuffle Hillis-Steele inside each warp, then warp 0 scans the
-  // warp totals; 2 barriers instead of 2 per step (this kernel is on the batch-1 critical path).
-  const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+  // Inclusive block scan of own[]: shuffle Hillis-Steele inside each warp, then (several warps only)
+  // warp 0 scans the warp totals: 2 barriers instead of 2 per step.
+  const int lane = tid % kWarpSize, warp = tid / kWarpSize, warps = nt / kWarpSize;
   int inc[3] = {own[0], own[1], own[2]};
   for (int off = 1; off < kWarpSize; off <<= 1)
     for (int j = 0; j < 3; ++j) {
       const int t = shfl(inc[j], max(lane - off, 0));
       if (lane >= off) inc[j] += t;
     }
-  if (lane == kWarpSize - 1)
-    for (int j = 0; j < 3; ++j) warp_total[j][warp] = inc[j];
-  __syncthreads();
-  if (warp == 0)
-    for (int j = 0; j < 3; ++j) {
-      int v = lane < kPlanWarps ? warp_total[j][lane] : 0;
-      for (int off = 1; off < kWarpSize; off <<= 1) {
-        const int t = shfl(v, max(lane - off, 0));
-        if (lane >= off) v += t;
+  if (warps > 1) {  // block-uniform
+    if (lane == kWarpSize - 1)
+      for (int j = 0; j < 3; ++j) warp_total[j][warp] = inc[j];
+    __syncthreads();
+    if (warp == 0)
+      for (int j = 0; j < 3; ++j) {
+        int v = lane < warps ? warp_total[j][lane] : 0;
+        for (int off = 1; off < kWarpSize; off <<= 1) {
+          const int t = shfl(v, max(lane - off, 0));
+          if (lane >= off) v += t;
+        }
+        if (lane < warps) warp_total[j][lane] = v;
       }
-      if (lane < kPlanWarps) warp_total[j][lane] = v;
-    }
-  __syncthreads();
-  for (int j = 0; j < 3; ++j) inc[j] += warp > 0 ? warp_total[j][warp - 1] : 0;
+    __syncthreads();
+    for (int j = 0; j < 3; ++j) inc[j] += warp > 0 ? warp_total[j][warp - 1] : 0;
+  }
   int pos = inc[0] - own[0], tile = inc[1] - own[1], act = inc[2] - own[2];
   for (int e = e0; e < e1; ++e) {
     plan.offsets[e] = pos;
@@ -159,16 +268,23 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const DeviceExpe
     }
     pos += count[e];
   }
-  if (tid == kPlanThreads - 1) {
+  if (tid == nt - 1) {
     plan.offsets[num_experts] = inc[0];
     plan.counters[0] = inc[2];
     plan.counters[1] = inc[1];
   }
   __syncthreads();
-  for (int p = tid; p < pairs; p += kPlanThreads) {
-    const int e = ids[int64_t(p / top_k) * ids_stride + p % top_k];
-    if (held(table, num_experts, e)) plan.sorted[atomicAdd(&cursor[e], 1)] = p;
+  for (int p = tid; p < pairs; p += nt) {
+    const int e = pair_expert(p);
+    if (held_here(e)) plan.sorted[atomicAdd(&cursor[e], 1)] = p;
   }
+}
+
+// Plan block size: whole warps, about 8 experts per thread and at least one thread per pair, at most
+// kPlanThreads (a function of the shapes only: graph-stable).
+int moe_plan_threads(int64_t num_experts, int64_t pairs) {
+  const int64_t want = std::max<int64_t>((num_experts + 7) / 8, pairs);
+  return int(std::clamp<int64_t>((want + kWarpSize - 1) / kWarpSize * kWarpSize, kWarpSize, kPlanThreads));
 }
 
 // out[t, o] = sum over slots in order of w[t, s] * y[t * k + s, o] (held experts only). Every element
@@ -379,10 +495,16 @@ void GpuBackend::moe_route(const TensorView& router_logits, const TensorView& bi
             topk_group * group_size);
   MLA_CHECK(num_experts <= kMaxRouteExperts, "moe_route: {} experts (at most {})", num_experts, kMaxRouteExperts);
   if (num_tokens == 0) return;
-  const size_t smem = size_t(2 * num_experts + n_group) * sizeof(float) + size_t(top_k) * sizeof(int32_t);
-  moe_route_kernel<<<unsigned(num_tokens), kRouteThreads, smem, stream()>>>(
+  // One warp per token; as many tokens per block as fit the default 48 KB of shared memory (E <= 4096
+  // keeps one warp's 4 * (E + n_group + top_k) bytes under 40 KB).
+  const size_t warp_smem = size_t(num_experts + n_group + top_k) * sizeof(float);
+  const int64_t warps =
+      std::clamp<int64_t>(int64_t((48 << 10) / warp_smem), 1, std::min<int64_t>(kRouteWarps, num_tokens));
+  const int64_t blocks = (num_tokens + warps - 1) / warps;
+  MLA_CHECK(blocks < (int64_t(1) << 31), "moe_route: {} tokens", num_tokens);
+  moe_route_kernel<<<unsigned(blocks), unsigned(warps * kWarpSize), size_t(warps) * warp_smem, stream()>>>(
       router_logits.as<const float>(), router_logits.stride[0], has_bias ? bias.as<const float>() : nullptr,
-      has_bias ? bias.stride[0] : 0, int(num_experts), int(n_group), int(topk_group), int(top_k),
+      has_bias ? bias.stride[0] : 0, int(num_tokens), int(num_experts), int(n_group), int(topk_group), int(top_k),
       routing.norm_topk_prob ? 1 : 0, routing.routed_scaling_factor, topk_ids.as<int32_t>(), topk_ids.stride[0],
       topk_weights.as<float>(), topk_weights.stride[0]);
   MLA_GPU_LAUNCH_CHECK();
@@ -415,11 +537,20 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   const bool use_tc = path == MoePath::Decode && options().gemm_precision == GemmPrecision::Bf16 &&
                       moe_->tc_device == 1 && inter > 0 && table.all_vec &&
                       moe_tc_shape_ok(table.format, hidden, inter);
+  // Prefill in Bf16 mode: the tensor-core grouped GEMM where its constraint holds (gpu_moe_grouped_tc.h).
+  static_assert(kMoeGroupedTcRows % moe::kBM == 0, "grouped tc CTAs cover whole plan tiles");
+  const bool use_grouped_tc = path == MoePath::Grouped && options().gemm_precision == GemmPrecision::Bf16 &&
+                              moe_->tc_device == 1 && inter > 0 &&
+                              moe_grouped_tc_ok(table.format, hidden, inter, table.all_vec);
 
   // Token chunks bound the [pairs, I] + [pairs, H] intermediates (prefill only; decode is one chunk).
   const int64_t inter_pad = (inter + 3) / 4 * 4;  // 16-byte aligned h rows for the decode down pass
   const int64_t per_token = std::max<int64_t>(1, top_k * (inter_pad + hidden) * int64_t(sizeof(float)));
-  const int64_t chunk = std::clamp<int64_t>(int64_t(kMaxChunkBytes) / per_token, 1, std::min<int64_t>(num_tokens, 65535));
+  const int64_t max_chunk_bytes = int64_t(use_grouped_tc ? kMaxChunkBytesGroupedTc : kMaxChunkBytes);
+  const int64_t chunk_cap = std::clamp<int64_t>(max_chunk_bytes / per_token, 1, std::min<int64_t>(num_tokens, 65535));
+  // Balanced chunks (T 4096 at a 3640 cap: 2 x 2048, not 3640 + 456); one chunk when T fits the cap.
+  const int64_t num_chunks = (num_tokens + chunk_cap - 1) / chunk_cap;
+  const int64_t chunk = (num_tokens + num_chunks - 1) / num_chunks;
   const int64_t max_pairs = chunk * top_k;
   const int64_t max_tiles = (max_pairs + moe::kBM - 1) / moe::kBM + std::min(num_experts, max_pairs);
   const size_t sz_offsets = align_up(size_t(num_experts + 1) * 4, 256), sz_active = align_up(size_t(num_experts + 1) * 4, 256);
@@ -444,8 +575,8 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   for (int64_t t0 = 0; t0 < num_tokens; t0 += chunk) {
     const int64_t tn = std::min(chunk, num_tokens - t0), pairs = tn * top_k;
     const int32_t* ids = topk_ids.at<const int32_t>(t0);
-    moe_plan_kernel<<<1, kPlanThreads, 0, stream()>>>(dev_table, int(num_experts), ids, topk_ids.stride[0], int(tn),
-                                                      int(top_k), plan);
+    moe_plan_kernel<<<1, moe_plan_threads(num_experts, pairs), 0, stream()>>>(
+        dev_table, int(num_experts), ids, topk_ids.stride[0], int(tn), int(top_k), plan);
     MLA_GPU_LAUNCH_CHECK();
     if (use_tc && pairs > 0) {
       MoeTcArgs a;
@@ -478,7 +609,14 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
       a.slots = int(std::min(num_experts, pairs));
       a.pairs = int(pairs);
       a.max_tiles = int((pairs + moe::kBM - 1) / moe::kBM + std::min(num_experts, pairs));
-      dispatch_experts(table.format, a, path == MoePath::Decode, stream());
+      if (use_grouped_tc && a.max_tiles <= kMoeGroupedTcMaxTiles) {
+        // bf16 h fits the fp32 h scratch; bf16 x fits y, which is dead until the down pass writes it.
+        MoeGroupedTcArgs g{dev_table, plan, moe::kBM, a.max_tiles, a.x, a.x_stride, int(tn), int(top_k),
+                           hidden, inter, reinterpret_cast<uint16_t*>(y), reinterpret_cast<uint16_t*>(h), y};
+        moe_grouped_tc_launch(table.format, g, stream());
+      } else {
+        dispatch_experts(table.format, a, path == MoePath::Decode, stream());
+      }
     }
     const dim3 grid(unsigned((hidden + 255) / 256), unsigned(tn));
     moe_combine_kernel<<<grid, 256, 0, stream()>>>(dev_table, int(num_experts), ids, topk_ids.stride[0],
