@@ -256,5 +256,114 @@ TEST(GpuParityElementwise, Rope) {
   }
 }
 
+// ---- decode-shape cases of the latency-bound kernels (register-resident rms_norm, split embedding
+// and rope grids). Rows of D % 4 == 0 whose buffers keep 16-byte alignment take rms_norm's vector
+// kernel; D > 16384, a strided weight or a misaligned row take the general kernel.
+const int64_t kVecDims[] = {4, 512, 1536, 7168, 16384, 16388};
+
+TEST(GpuParityElementwise, RmsNormVectorPath) {
+  std::mt19937 rng(110);
+  for (DType wdt : {DType::F32, DType::BF16}) {
+    for (int64_t d : kVecDims) {
+      for (int64_t rows : {int64_t(1), int64_t(3), int64_t(19)}) {
+        Twin w = twin_random(rng, wdt, {d}, 0.5f, 1.5f);
+        // aligned column slices (offset 4 of a row 8 wider): the vector kernel with row strides
+        Twin x = twin_random(rng, DType::F32, {rows, d + 8}, -2.0f, 2.0f).slice(1, 4, d);
+        Twin out = twin_output(DType::F32, {rows, d + 4}).slice(1, 0, d);
+        run_both([&](ops::Backend& be, bool g) { be.rms_norm(pick(x, g), pick(w, g), 1e-6f, pick(out, g)); });
+        EXPECT_TRUE(check_parity("rms_norm", fmt::format("vec {} weight rows={} D={}", dtype_name(wdt), rows, d), out,
+                                 kUlps));
+        Twin inplace = random_in_poison(rng, twin_output(DType::F32, {rows, d}), -2.0f, 2.0f);
+        run_both([&](ops::Backend& be, bool g) {
+          be.rms_norm(pick(inplace, g), pick(w, g), 1e-6f, pick(inplace, g));
+        });
+        EXPECT_TRUE(check_parity("rms_norm", fmt::format("vec {} weight rows={} D={} out==x", dtype_name(wdt), rows, d),
+                                 inplace, kUlps));
+      }
+    }
+  }
+  // Aligned rows with a strided weight: the general kernel.
+  std::mt19937 rng2(111);
+  Twin w_buf = twin_random(rng2, DType::F32, {2 * 512}, 0.5f, 1.5f);
+  Twin w = every_other(w_buf);
+  Twin x = twin_random(rng2, DType::F32, {3, 512}, -2.0f, 2.0f);
+  Twin out = twin_output(DType::F32, {3, 512});
+  run_both([&](ops::Backend& be, bool g) { be.rms_norm(pick(x, g), pick(w, g), 1e-6f, pick(out, g)); });
+  EXPECT_TRUE(check_parity("rms_norm", "F32 strided weight rows=3 D=512", out, kUlps));
+}
+
+TEST(GpuParityElementwise, AddRmsNormVectorPath) {
+  std::mt19937 rng(112);
+  for (DType wdt : {DType::F32, DType::BF16}) {
+    for (int64_t d : kVecDims) {
+      for (int64_t rows : {int64_t(1), int64_t(7)}) {
+        Twin w = twin_random(rng, wdt, {d}, 0.5f, 1.5f);
+        // out: separate, == x, == residual
+        for (int alias = 0; alias < 3; ++alias) {
+          Twin residual = random_in_poison(rng, twin_output(DType::F32, {rows, d + 8}).slice(1, 4, d), -2.0f, 2.0f);
+          Twin x = random_in_poison(rng, twin_output(DType::F32, {rows, d}));
+          Twin out = alias == 1 ? x : alias == 2 ? residual : twin_output(DType::F32, {rows, d});
+          run_both([&](ops::Backend& be, bool g) {
+            be.add_rms_norm(pick(residual, g), pick(x, g), pick(w, g), 1e-5f, pick(out, g));
+          });
+          const std::string c = fmt::format("vec {} weight rows={} D={}{}", dtype_name(wdt), rows, d,
+                                            alias == 1 ? " out==x" : alias == 2 ? " out==residual" : "");
+          if (alias != 2) {
+            EXPECT_TRUE(check_parity("add_rms_norm.residual", c, residual, kExact));
+          }
+          EXPECT_TRUE(check_parity("add_rms_norm", c, out, kUlps));
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuParityElementwise, EmbeddingDecodeRows) {
+  std::mt19937 rng(113);
+  for (DType table_dtype : {DType::F32, DType::BF16}) {
+    for (int64_t d : {int64_t(1024), int64_t(1025), int64_t(7168)}) {
+      for (int64_t tokens : {int64_t(1), int64_t(3)}) {
+        const int64_t vocab = 19;
+        Twin table = twin_random(rng, table_dtype, {vocab, d});
+        Twin ids = twin_random(rng, DType::I32, {tokens}, 0.0f, float(vocab));
+        Twin out = twin_output(DType::F32, {tokens, d});
+        run_both([&](ops::Backend& be, bool g) { be.embedding(pick(ids, g), pick(table, g), pick(out, g)); });
+        EXPECT_TRUE(check_parity("embedding", fmt::format("{} table T={} D={} (column blocks)",
+                                                          dtype_name(table_dtype), tokens, d),
+                                 out, kExact));
+      }
+    }
+  }
+}
+
+// The MLA decode shapes (q_pe of 128 heads inside 192-wide heads, the single k_rope row) and head
+// counts whose (head, pair) count straddles the 1024-element blocks, in both pair layouts.
+TEST(GpuParityElementwise, RopeDecodeShapes) {
+  std::mt19937 rng(114);
+  const Tolerance tol{2e-6, 2e-6, "precise cosf/sinf (<= 2 ulp) of the identical fp32 angle"};
+  struct Case {
+    int64_t tokens, heads, rope_dim, head_stride;
+  };
+  for (bool interleaved : {true, false}) {
+    for (const Case c : {Case{1, 128, 64, 192}, Case{1, 1, 64, 64}, Case{3, 128, 64, 192}, Case{7, 129, 64, 66},
+                         Case{1, 33, 62, 62}}) {
+      const int64_t pairs = c.rope_dim / 2;
+      std::vector<float> inv(static_cast<size_t>(pairs));
+      for (int64_t i = 0; i < pairs; ++i)
+        inv[size_t(i)] = float(std::pow(10000.0, -2.0 * double(i) / double(c.rope_dim)));
+      Twin inv_freq = twin_from_floats(inv, {pairs});
+      Twin positions = twin_random(rng, DType::I32, {c.tokens}, 0.0f, 163840.0f);
+      Twin x = random_in_poison(rng, twin_output(DType::F32, {c.tokens, c.heads, c.head_stride})
+                                         .slice(2, c.head_stride - c.rope_dim, c.rope_dim));
+      ops::RopeTable cpu_table{inv_freq.cpu, 0.9f, interleaved}, gpu_table{inv_freq.gpu, 0.9f, interleaved};
+      run_both([&](ops::Backend& be, bool g) { be.rope(pick(x, g), pick(positions, g), g ? gpu_table : cpu_table); });
+      EXPECT_TRUE(check_parity("rope", fmt::format("{} T={} H={} rope_dim={} head stride {}",
+                                                   interleaved ? "interleaved" : "rotate_half", c.tokens, c.heads,
+                                                   c.rope_dim, c.head_stride),
+                               x, tol));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mla::test

@@ -2,6 +2,7 @@
 // min-p renormalization, inverse-CDF sampling and argmax, for V = 1, 5, 1000 and the Kimi vocabulary
 // 163840, several rows with different parameters each (including the "disabled" settings), ties at
 // the pivot, strided rows and out == probs. Kept sets must match exactly; values within fp32 rounding.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <random>
@@ -223,6 +224,53 @@ TEST(GpuParitySampling, Argmax) {
       EXPECT_TRUE(check_parity("argmax", fmt::format("ties/all equal/-inf V={}{}", vocab, strided ? " strided" : ""),
                                ids, exact));
     }
+  }
+}
+
+// argmax splits a row over blocks of 2048 entries and merges them with atomics (the last block of a
+// row writes the id and resets the row's slot and ticket). The DeepSeek-V3 vocabulary at B = 1 and 3,
+// ties across block boundaries (lowest index wins), a lone max in the last entry, -0 == +0 ties, NaN
+// (index 0: the CPU keeps it; elsewhere: never chosen), V straddling one block, misaligned rows (the
+// scalar path), and back-to-back calls (the reset must leave the next call correct).
+TEST(GpuParitySampling, ArgmaxSplitRows) {
+  std::mt19937 rng(208);
+  const Tolerance exact{0, 0, "token ids: exact"};
+  for (int64_t vocab : {int64_t(2047), int64_t(2049), int64_t(129280)}) {
+    const int64_t rows = 7;
+    for (int repeat = 0; repeat < 2; ++repeat) {
+      std::vector<float> values = random_floats(rng, size_t(rows * vocab), -5.0f, 5.0f);
+      auto row = [&](int64_t r) { return values.begin() + r * vocab; };
+      const int64_t last = vocab - 1, edge = std::min<int64_t>(2048, last);
+      row(1)[last] = row(1)[edge] = row(1)[edge - 1] = 7.0f;   // tie across the block boundary
+      row(2)[last] = 9.0f;                                     // lone max in the last entry
+      for (int64_t i = 0; i < vocab; ++i) row(3)[i] = -1.0f;   // -0 / +0 tie: the first one wins
+      row(3)[last] = 0.0f;
+      row(3)[edge] = -0.0f;
+      row(4)[0] = NAN;                                         // NaN at 0: the CPU returns 0
+      row(5)[3] = NAN;                                         // NaN elsewhere is never the max
+      row(5)[last] = 8.0f;
+      if (repeat == 1) row(6)[0] = 6.0f;                       // the max at index 0
+      for (bool strided : {false, true}) {
+        Twin logits = strided ? twin_output(DType::F32, {rows, vocab + 7}).slice(1, 7, vocab)
+                              : twin_output(DType::F32, {rows, vocab});
+        fill_view(logits, values);
+        Twin ids = twin_output(DType::I32, {rows});
+        run_both([&](ops::Backend& be, bool g) { be.argmax(pick(logits, g), pick(ids, g)); });
+        EXPECT_TRUE(check_parity("argmax", fmt::format("split rows V={} call {}{}", vocab, repeat,
+                                                       strided ? " strided" : ""),
+                                 ids, exact));
+      }
+    }
+  }
+  // B = 1 at the DeepSeek-V3 vocabulary, three calls in a row with different winners.
+  for (int64_t winner : {int64_t(0), int64_t(129279), int64_t(64000)}) {
+    std::vector<float> values = random_floats(rng, 129280, -5.0f, 5.0f);
+    values[size_t(winner)] = 5.5f;
+    Twin logits = twin_output(DType::F32, {1, 129280});
+    fill_view(logits, values);
+    Twin ids = twin_output(DType::I32, {1});
+    run_both([&](ops::Backend& be, bool g) { be.argmax(pick(logits, g), pick(ids, g)); });
+    EXPECT_TRUE(check_parity("argmax", fmt::format("B=1 V=129280 winner {}", winner), ids, exact));
   }
 }
 

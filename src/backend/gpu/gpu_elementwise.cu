@@ -1,9 +1,10 @@
 // GPU elementwise and normalization ops: embedding (and the F32 row gather), RMSNorm with the fused
 // residual add, strided copy and add, SiLU gating and RoPE (interleaved or rotate_half pairs). All
-// are memory-bound single passes; they keep the CPU reference's exact fp32 operation order (double
-// row statistics, no FMA contraction where the CPU has none, precise expf/cosf/sinf) and use scalar
-// coalesced accesses rather than vector loads, trading a little bandwidth on small rows for
-// bit-level parity.
+// are memory-bound single passes that keep the CPU reference's exact fp32 operation order (double
+// row statistics, no FMA contraction where the CPU has none, precise expf/cosf/sinf). At decode
+// sizes (one row) they are latency-bound, so each thread issues all of its loads before its first
+// store or reduction (one memory round trip, not one per loop step); rows that allow 16-byte
+// accesses take a register-resident RMSNorm, others the scalar two-pass kernel.
 #include <algorithm>
 #include <cmath>
 
@@ -18,6 +19,13 @@ constexpr int kThreads = 256;  // a multiple of every kWarpSize (32, 64)
 // has few loads in a row to wait on.
 constexpr int kWideThreads = 1024, kWideRow = 2048;
 constexpr int kMaxWarps = kWideThreads / kWarpSize;
+// Register-resident rms_norm: each thread keeps up to kNormVec float4 chunks of its row (plus their
+// weights) in registers, so a row is read once; 512 threads x kNormVec chunks cover D <= 16384.
+constexpr int kNormVec = 8;
+constexpr int kNormMaxThreads = 512;  // ~100 registers per thread: 512 is the most that fit a CTA
+constexpr int kNormMaxWarps = kNormMaxThreads / kWarpSize;
+constexpr int kEmbedPer = 4;          // embedding elements per thread (loads issued together)
+constexpr int kRopePer = 4;           // rope (head, pair) elements per thread
 
 __device__ __forceinline__ float quiet_nan() { return __int_as_float(0x7fc00000); }
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -62,26 +70,43 @@ unsigned flat_blocks(int64_t total) {
 
 // ---- kernels -------------------------------------------------------------------------------------
 
-// One block per token row. bytes: 4 (id) + D * (2|4 read + 4 write) per row.
+// grid.x = token rows, grid.y = column blocks of kThreads * kEmbedPer. Each thread loads its
+// kEmbedPer elements before storing any (a decode row of D = 7168 is then 7 CTAs and two dependent
+// round trips: the id, then the row). bytes: 4 (id) + D * (2|4 read + 4 write) per row. The table
+// is a weight or an activation other than out (the op does not allow them to overlap).
 template <typename T>
-__global__ void embedding_kernel(const int32_t* ids, int64_t ids_stride, const T* table, int64_t table_stride,
-                                 int64_t vocab, int64_t d, float* out, int64_t out_stride) {
+__global__ void embedding_kernel(const int32_t* ids, int64_t ids_stride, const T* __restrict__ table,
+                                 int64_t table_stride, int64_t vocab, int64_t d, float* __restrict__ out,
+                                 int64_t out_stride) {
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t * ids_stride];
   float* o = out + t * out_stride;
+  const int64_t i0 = int64_t(blockIdx.y) * (int64_t(blockDim.x) * kEmbedPer) + threadIdx.x;
   if (id < 0 || id >= vocab) {
     // The CPU CHECKs the id; a device check would need a sync, so a bad id yields a NaN row that
     // poisons everything downstream visibly instead of reading out of bounds.
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = quiet_nan();
+#pragma unroll
+    for (int j = 0; j < kEmbedPer; ++j)
+      if (i0 + j * int64_t(blockDim.x) < d) o[i0 + j * int64_t(blockDim.x)] = quiet_nan();
     return;
   }
   const T* row = table + int64_t(id) * table_stride;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) o[i] = to_f32(row[i]);
+  float v[kEmbedPer];
+#pragma unroll
+  for (int j = 0; j < kEmbedPer; ++j) {
+    const int64_t i = i0 + j * int64_t(blockDim.x);
+    v[j] = i < d ? to_f32(row[i]) : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < kEmbedPer; ++j) {
+    const int64_t i = i0 + j * int64_t(blockDim.x);
+    if (i < d) o[i] = v[j];
+  }
 }
 
-// One block per row: pass 1 (optionally residual += x, stored) accumulates sum(x^2) in double, pass 2
-// writes w * (x * inv_rms). Each thread touches the same indices in both passes, so out may alias x
-// (or residual). bytes per row: D * (4 + 4) (+ D * 8 with the residual), FLOPs ~ 4 D.
+// General rms_norm (any D, strides and alignment): one block per row, pass 1 (optionally
+// residual += x, stored) accumulates sum(x^2) in double, pass 2 writes w * (x * inv_rms). Each thread
+// touches the same indices in both passes, so out may alias x (or residual). bytes per row: D * (4 + 4) (+ D * 8 with the residual), FLOPs ~ 4 D.
 template <bool kAdd, typename W>
 __global__ void __launch_bounds__(kWideThreads) rms_norm_kernel(const float* x, int64_t x_stride, float* residual, int64_t res_stride,
                                 const W* weight, int64_t w_stride, float eps, int64_t d, float* out,
@@ -108,6 +133,80 @@ __global__ void __launch_bounds__(kWideThreads) rms_norm_kernel(const float* x, 
     const float v = kAdd ? res[i] : xr[i];
     o[i] = to_f32(weight[i * w_stride]) * (v * inv_rms);
   }
+}
+
+// Four weights w[4c .. 4c + 3] as fp32 (F32: one 16-byte load; BF16: one 8-byte load).
+__device__ __forceinline__ float4 load_w4(const float* w, int c) { return reinterpret_cast<const float4*>(w)[c]; }
+__device__ __forceinline__ float4 load_w4(const uint16_t* w, int c) {
+  const uint2 u = reinterpret_cast<const uint2*>(w)[c];  // little-endian: element 4c is u.x's low half
+  return make_float4(bf16_bits_to_f32(uint16_t(u.x & 0xffffu)), bf16_bits_to_f32(uint16_t(u.x >> 16)),
+                     bf16_bits_to_f32(uint16_t(u.y & 0xffffu)), bf16_bits_to_f32(uint16_t(u.y >> 16)));
+}
+
+// Register-resident rms_norm of rows of D = 4 * d4 floats, one block per row. Chunk c (4 floats) of
+// the row belongs to thread c % blockDim.x, slot c / blockDim.x < kNormVec. Each thread issues every
+// load (x, residual, weights) before its first store or add, so a row costs one memory round trip;
+// the double sum of squares takes one barrier (warp shuffles, one shared exchange, then every thread
+// adds the warp totals in warp order: deterministic). Same rounding points as the CPU: the mean in
+// double rounded once to fp32, IEEE sqrt and divide, w * (x * inv_rms) unfused.
+// A thread writes only the chunks it read, after reading them, so out may alias x or residual.
+// Decode, D = 7168: 224 threads x 8 chunks; bytes 28 KB read (+28 KB residual read and write)
+// + 14 KB bf16 weights + 28 KB written; FLOPs ~ 4 D.
+// Preconditions: rows and weight 16-byte (F32) / 8-byte (BF16) aligned, d4 <= blockDim.x * kNormVec.
+template <bool kAdd, typename W>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    rms_norm_vec_kernel(const float* x, int64_t x_stride, float* residual, int64_t res_stride, const W* weight,
+                        float eps, int d4, float* out, int64_t out_stride) {
+  __shared__ double warp_sum_sq[kNormMaxWarps];
+  const int tid = int(threadIdx.x), nt = int(blockDim.x);
+  const int64_t t = blockIdx.x;
+  const float4* xr = reinterpret_cast<const float4*>(x + t * x_stride);
+  float4* res = kAdd ? reinterpret_cast<float4*>(residual + t * res_stride) : nullptr;
+  float4* o = reinterpret_cast<float4*>(out + t * out_stride);
+  float4 v[kNormVec], w[kNormVec];
+  // All loads first (x, weights, residual): no store sits between them, so none waits for another.
+#pragma unroll
+  for (int j = 0; j < kNormVec; ++j)
+    v[j] = tid + j * nt < d4 ? xr[tid + j * nt] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int j = 0; j < kNormVec; ++j)
+    w[j] = tid + j * nt < d4 ? load_w4(weight, tid + j * nt) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if constexpr (kAdd) {
+    float4 r[kNormVec];
+#pragma unroll
+    for (int j = 0; j < kNormVec; ++j)
+      r[j] = tid + j * nt < d4 ? res[tid + j * nt] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int j = 0; j < kNormVec; ++j)
+      if (tid + j * nt < d4) {
+        v[j] = make_float4(r[j].x + v[j].x, r[j].y + v[j].y, r[j].z + v[j].z, r[j].w + v[j].w);
+        res[tid + j * nt] = v[j];
+      }
+  }
+  // Four independent accumulators (one per lane of the float4) keep the double FMA chain short.
+  double acc[4] = {0.0, 0.0, 0.0, 0.0};
+#pragma unroll
+  for (int j = 0; j < kNormVec; ++j)
+    if (tid + j * nt < d4) {
+      acc[0] += double(v[j].x) * double(v[j].x);
+      acc[1] += double(v[j].y) * double(v[j].y);
+      acc[2] += double(v[j].z) * double(v[j].z);
+      acc[3] += double(v[j].w) * double(v[j].w);
+    }
+  double sum_sq = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  for (int m = kWarpSize / 2; m > 0; m /= 2) sum_sq += shfl_xor(sum_sq, m);
+  const int warps = (nt + kWarpSize - 1) / kWarpSize;
+  if (tid % kWarpSize == 0) warp_sum_sq[tid / kWarpSize] = sum_sq;
+  __syncthreads();
+  sum_sq = 0.0;
+  for (int k = 0; k < warps; ++k) sum_sq += warp_sum_sq[k];  // fixed order: deterministic
+  const float variance = float(sum_sq / double(4 * int64_t(d4)));
+  const float inv_rms = 1.0f / sqrtf(variance + eps);
+#pragma unroll
+  for (int j = 0; j < kNormVec; ++j)
+    if (tid + j * nt < d4)
+      o[tid + j * nt] = make_float4(w[j].x * (v[j].x * inv_rms), w[j].y * (v[j].y * inv_rms),
+                                    w[j].z * (v[j].z * inv_rms), w[j].w * (v[j].w * inv_rms));
 }
 
 // Flat grid-stride loop over up to 4-D operands; Index is uint32_t when the element count allows it
@@ -161,40 +260,89 @@ __global__ void silu_mul_kernel(const float* gate, int64_t g_stride, const float
   }
 }
 
-// One block per token: cos/sin of each pair computed once into shared memory (precise cosf/sinf of
-// the fp32 angle, as the CPU), then every (head, pair) rotated in place. Explicit _rn intrinsics keep
-// nvcc from fusing x0*c - x1*s into an FMA, which the CPU reference (no FMA) does not do.
-__global__ void rope_kernel(float* x, int64_t t_stride, int64_t h_stride, int heads, int pairs,
-                            const int32_t* positions, int64_t pos_stride, const float* inv_freq, int64_t freq_stride,
-                            float factor, bool interleaved) {
+// grid.x = tokens, grid.y = blocks of kThreads * kRopePer (head, pair) elements of a token. Each
+// thread loads its kRopePer pairs first; meanwhile the first `pairs` threads compute cos/sin (precise
+// cosf/sinf of the fp32 angle, as the CPU) into shared memory, which every block of the token redoes
+// (pairs sincos, cheap next to a memory round trip). One barrier, then rotate and store. Explicit _rn
+// intrinsics keep nvcc from fusing x0*c - x1*s into an FMA, which the CPU reference (no FMA) does not
+// do. Decode, 128 heads x 32 pairs: 4 CTAs, one round trip; bytes 16 per pair (read + write).
+__global__ void __launch_bounds__(kThreads)
+    rope_kernel(float* x, int64_t t_stride, int64_t h_stride, int heads, int pairs, const int32_t* positions,
+                int64_t pos_stride, const float* inv_freq, int64_t freq_stride, float factor, bool interleaved) {
   extern __shared__ float cos_sin[];  // [pairs] cos then [pairs] sin
   const int64_t t = blockIdx.x;
-  const int32_t pos = positions[t * pos_stride];
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const float angle = __fmul_rn(float(pos), inv_freq[i * freq_stride]);
-    cos_sin[i] = cosf(angle) * factor;
-    cos_sin[pairs + i] = sinf(angle) * factor;
-  }
-  __syncthreads();
   float* row = x + t * t_stride;
   const int total = heads * pairs;
-  for (int k = threadIdx.x; k < total; k += blockDim.x) {
-    const int h = k / pairs, i = k - h * pairs;
-    // Pair i: (2i, 2i+1) interleaved, (i, i + pairs) rotate_half. Each (h, i) is one thread's.
-    float* a = row + int64_t(h) * h_stride + (interleaved ? 2 * i : i);
-    float* b = a + (interleaved ? 1 : pairs);
-    const float x0 = *a, x1 = *b, c = cos_sin[i], s = cos_sin[pairs + i];
-    *a = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    *b = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+  const int k0 = int(blockIdx.y) * (kThreads * kRopePer) + int(threadIdx.x);
+  const int64_t partner = interleaved ? 1 : pairs;  // b = a + partner
+  float x0[kRopePer], x1[kRopePer];
+  int64_t off[kRopePer];
+#pragma unroll
+  for (int j = 0; j < kRopePer; ++j) {
+    const int k = k0 + j * kThreads;
+    off[j] = 0;
+    x0[j] = x1[j] = 0.0f;
+    if (k < total) {
+      // Pair i: (2i, 2i+1) interleaved, (i, i + pairs) rotate_half. Each (h, i) is one thread's.
+      const int h = k / pairs, i = k - h * pairs;
+      off[j] = int64_t(h) * h_stride + (interleaved ? 2 * i : i);
+      x0[j] = row[off[j]];
+      x1[j] = row[off[j] + partner];
+    }
+  }
+  if (int(threadIdx.x) < pairs) {
+    const int32_t pos = positions[t * pos_stride];
+    for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+      const float angle = __fmul_rn(float(pos), inv_freq[i * freq_stride]);
+      cos_sin[i] = cosf(angle) * factor;
+      cos_sin[pairs + i] = sinf(angle) * factor;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kRopePer; ++j) {
+    const int k = k0 + j * kThreads;
+    if (k < total) {
+      const int i = k - (k / pairs) * pairs;
+      const float c = cos_sin[i], s = cos_sin[pairs + i];
+      row[off[j]] = __fsub_rn(__fmul_rn(x0[j], c), __fmul_rn(x1[j], s));
+      row[off[j] + partner] = __fadd_rn(__fmul_rn(x1[j], c), __fmul_rn(x0[j], s));
+    }
   }
 }
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The register-resident kernel when every row and the weight allow vector accesses and the row fits
+// kNormMaxThreads * kNormVec chunks; else the general two-pass kernel.
 template <bool kAdd>
 void launch_rms_norm(Stream stream, const TensorView& x, float* residual, int64_t res_stride, const TensorView& weight,
                      float eps, const TensorView& out) {
   const int64_t rows = x.dim(0), d = x.dim(1);
   if (rows == 0) return;
   const float* xp = x.as<const float>();
+  const int64_t d4 = d / 4;
+  const bool w_ok = weight.stride[0] == 1 &&
+                    reinterpret_cast<uintptr_t>(weight.data) % (weight.dtype == DType::F32 ? 16 : 8) == 0;
+  const bool vec = d % 4 == 0 && d4 > 0 && d4 <= int64_t(kNormMaxThreads) * kNormVec && w_ok && aligned16(xp) &&
+                   x.stride[0] % 4 == 0 && aligned16(out.data) && out.stride[0] % 4 == 0 &&
+                   (!kAdd || (aligned16(residual) && res_stride % 4 == 0));
+  if (vec) {
+    // About kNormVec chunks per thread, whole warps: D = 7168 -> 224 threads, 1536 -> 64, 512 -> 32.
+    const int64_t per = (d4 + kNormVec - 1) / kNormVec;
+    const int threads = int(std::min<int64_t>((per + kWarpSize - 1) / kWarpSize * kWarpSize, kNormMaxThreads));
+    if (weight.dtype == DType::F32) {
+      rms_norm_vec_kernel<kAdd, float><<<unsigned(rows), threads, 0, stream>>>(
+          xp, x.stride[0], residual, res_stride, weight.as<const float>(), eps, int(d4), out.as<float>(),
+          out.stride[0]);
+    } else {
+      rms_norm_vec_kernel<kAdd, uint16_t><<<unsigned(rows), threads, 0, stream>>>(
+          xp, x.stride[0], residual, res_stride, weight.as<const uint16_t>(), eps, int(d4), out.as<float>(),
+          out.stride[0]);
+    }
+    MLA_GPU_LAUNCH_CHECK();
+    return;
+  }
   const int threads = d >= kWideRow ? kWideThreads : kThreads;
   if (weight.dtype == DType::F32) {
     rms_norm_kernel<kAdd, float><<<unsigned(rows), threads, 0, stream>>>(
@@ -235,12 +383,16 @@ void GpuBackend::embedding(const TensorView& ids, const TensorView& table, const
   if (num_tokens == 0) return;
   // Ids are not range-checked here (that needs the ids on the host): an id outside [0, V) gives a
   // NaN row (see embedding_kernel).
+  const int64_t col_blocks = (d + kThreads * kEmbedPer - 1) / (kThreads * kEmbedPer);
+  if (col_blocks == 0) return;
+  MLA_CHECK(col_blocks <= 65535, "embedding: D={} too wide", d);
+  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(col_blocks));
   if (table.dtype == DType::F32) {
-    embedding_kernel<float><<<unsigned(num_tokens), kThreads, 0, stream()>>>(
+    embedding_kernel<float><<<grid, kThreads, 0, stream()>>>(
         ids.as<const int32_t>(), ids.stride[0], table.as<const float>(), table.stride[0], table.dim(0), d,
         out.as<float>(), out.stride[0]);
   } else {
-    embedding_kernel<uint16_t><<<unsigned(num_tokens), kThreads, 0, stream()>>>(
+    embedding_kernel<uint16_t><<<grid, kThreads, 0, stream()>>>(
         ids.as<const int32_t>(), ids.stride[0], table.as<const uint16_t>(), table.stride[0], table.dim(0), d,
         out.as<float>(), out.stride[0]);
   }
@@ -340,7 +492,9 @@ void GpuBackend::rope(const TensorView& x, const TensorView& positions, const op
   check_grid_rows(num_tokens, "rope");
   if (num_tokens == 0 || heads == 0 || pairs == 0) return;
   // Positions are not checked for >= 0 here (the CPU CHECKs them); a negative one rotates backwards.
-  rope_kernel<<<unsigned(num_tokens), kThreads, size_t(pairs) * 8, stream()>>>(
+  const int64_t blocks = (heads * pairs + kThreads * kRopePer - 1) / (kThreads * kRopePer);
+  MLA_CHECK(blocks <= 65535, "rope: {} too large", x.describe());
+  rope_kernel<<<dim3(unsigned(num_tokens), unsigned(blocks)), kThreads, size_t(pairs) * 8, stream()>>>(
       x.as<float>(), x.stride[0], x.stride[1], int(heads), int(pairs), positions.as<const int32_t>(),
       positions.stride[0], rope.inv_freq.as<const float>(), rope.inv_freq.stride[0], rope.attention_factor,
       rope.interleaved);

@@ -1,14 +1,16 @@
 // GPU sampling ops: softmax with temperature, top-k / top-p / min-p renormalization, inverse-CDF
 // sampling and argmax, with the CPU reference's semantics (cpu_sampling.cpp). One 1024-thread block
-// per row, no scratch and a grid fixed by the shape, so every op is graph-capturable. Top-k / top-p
-// pivots are found exactly by a 4-pass radix descent over order-preserving keys of the fp32 values
-// (integer shared-memory histograms, hence deterministic) rather than by sorting the row; the price is
-// 6 reads of the row (4 radix passes + kept sum + write; L2-resident after the first) and shared-atomics
-// contention in the first pass, where most probabilities share their top 8 key bits.
+// per row (argmax: many blocks per row, see argmax_kernel), grids fixed by the shape, so every op is
+// graph-capturable. Top-k / top-p pivots are found exactly by a 4-pass radix descent over
+// order-preserving keys of the fp32 values (integer shared-memory histograms, hence deterministic)
+// rather than by sorting the row; the price is 6 reads of the row (4 radix passes + kept sum + write;
+// L2-resident after the first) and shared-atomics contention in the first pass, where most
+// probabilities share their top 8 key bits.
 // Measured on H200, V = 163840 (B = 1 / 256, us): softmax 85 / 330, top_k 107 / 395, top_p 129 / 411,
-// min_p 64 / 271, sample 37 / 104, argmax 10 / 42. B = 256 is near HBM bandwidth (rows exceed L2);
-// B = 1 runs on one SM (a row per block) and is bound by its issue rate: a split-row variant for
-// small B is the next step if the sampler shows up in decode profiles.
+// min_p 64 / 271, sample 37 / 104, argmax 10 / 42 (one block per row then; now split, see
+// argmax_kernel). B = 256 is near HBM bandwidth (rows exceed L2); B = 1 runs on one SM (a row per
+// block) and is bound by its issue rate: a split-row variant for small B is the next step if the
+// sampler shows up in decode profiles.
 #include <climits>
 #include <cmath>
 #include <type_traits>
@@ -371,44 +373,103 @@ sample_kernel(const float* probs, int64_t p_stride, const float* uniforms, int64
   if (tid == 0) out_ids[b * o_stride] = chosen != INT_MAX ? chosen : last_nonzero;
 }
 
-// Lowest index of the maximum: strict '>' within a thread's ascending indices, (value, lower index)
-// across threads. bytes: V * 4.
-__global__ void __launch_bounds__(kThreads)
-argmax_kernel(const float* logits, int64_t l_stride, int32_t* out_ids, int64_t o_stride, int vocab) {
-  __shared__ float vsmem[kMaxWarps];
-  __shared__ int ismem[kMaxWarps];
-  const int tid = int(threadIdx.x);
-  const float* z = logits + int64_t(blockIdx.x) * l_stride;
-  float best = neg_inf();
-  int best_i = INT_MAX;  // INT_MAX: this thread saw no element
-  for_each_in_row(z, vocab, [&](int64_t i, float v) {
-    if (best_i == INT_MAX || v > best) {
-      best = v;
-      best_i = int(i);
-    }
-  });
+// ---- argmax: a row split over many blocks --------------------------------------------------------
+// grid = (rows, chunks of kArgmaxChunk). Each block reduces its chunk to one packed key, folds it into
+// the row's slot with a 64-bit atomicMax, and the row's last block (a ticket counter) writes the index
+// and resets slot and ticket to 0 for the next call or graph replay. One launch, no host state: a
+// 129280-wide row is 64 blocks of 2048 elements, i.e. one load round trip per thread plus three
+// dependent atomics, instead of one block walking 505 KB.
+// Scratch (SamplingState::argmax_slots, argmax's own): [rows] u64 slots then [rows] u32 tickets.
+// Invariant: both are 0 between calls (zero-filled when allocated, reset by each row's last block).
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxPer = 8;  // elements per thread: two float4 loads in flight
+constexpr int kArgmaxChunk = kArgmaxThreads * kArgmaxPer;
+
+// The CPU's rule (strict '>' from index 0) as one unsigned order: value key in the high word (-0 ==
+// +0; a NaN never compares greater, so it loses to every number, except at index 0, where the CPU
+// keeps it as `best` and nothing can replace it), ~index in the low word (lowest index wins ties).
+// Every element's key is > 0, the "nothing seen" value.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int i) {
+  const uint32_t k = v != v ? (i == 0 ? 0xffffffffu : 0u) : order_key(v == 0.0f ? 0.0f : v);
+  return (static_cast<unsigned long long>(k) << 32) | static_cast<unsigned long long>(~static_cast<uint32_t>(i));
+}
+
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t hi = __reduce_max_sync(0xffffffffu, uint32_t(v >> 32));
+  const uint32_t lo = __reduce_max_sync(0xffffffffu, uint32_t(v >> 32) == hi ? uint32_t(v) : 0u);
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+#else
   for (int m = kWarpSize / 2; m > 0; m /= 2) {
-    const float ov = shfl_xor(best, m);
-    const int oi = shfl_xor(best_i, m);
-    if (ov > best || (ov == best && oi < best_i)) {
-      best = ov;
-      best_i = oi;
+    const unsigned long long o = shfl_xor(v, m);
+    v = o > v ? o : v;
+  }
+  return v;
+#endif
+}
+
+// bytes: V * 4 read (L2-resident after the lm_head GEMM) + 20 per block in atomics.
+__global__ void __launch_bounds__(kArgmaxThreads)
+argmax_kernel(const float* logits, int64_t l_stride, int32_t* out_ids, int64_t o_stride, int vocab,
+              unsigned long long* slots, unsigned* tickets) {
+  __shared__ unsigned long long warp_best[kArgmaxThreads / kWarpSize];
+  const int tid = int(threadIdx.x);
+  const int64_t b = blockIdx.x;
+  const float* z = logits + b * l_stride;
+  const int c0 = int(blockIdx.y) * kArgmaxChunk, c1 = min(vocab, c0 + kArgmaxChunk);
+  unsigned long long best = 0;
+  if ((reinterpret_cast<uintptr_t>(z + c0) & 15u) == 0) {  // block-uniform
+    const float4* z4 = reinterpret_cast<const float4*>(z + c0);
+    const int n4 = (c1 - c0) / 4;
+    float4 q[kArgmaxPer / 4];
+#pragma unroll
+    for (int u = 0; u < kArgmaxPer / 4; ++u) {
+      const int j = tid + u * kArgmaxThreads;
+      q[u] = j < n4 ? z4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kArgmaxPer / 4; ++u) {
+      const int j = tid + u * kArgmaxThreads, i = c0 + 4 * j;
+      if (j < n4) {
+        const unsigned long long k0 = argmax_key(q[u].x, i), k1 = argmax_key(q[u].y, i + 1);
+        const unsigned long long k2 = argmax_key(q[u].z, i + 2), k3 = argmax_key(q[u].w, i + 3);
+        const unsigned long long k01 = k0 > k1 ? k0 : k1, k23 = k2 > k3 ? k2 : k3;
+        const unsigned long long k = k01 > k23 ? k01 : k23;
+        best = k > best ? k : best;
+      }
+    }
+    for (int i = c0 + 4 * n4 + tid; i < c1; i += kArgmaxThreads) {  // the chunk's last (c1 - c0) % 4
+      const unsigned long long k = argmax_key(z[i], i);
+      best = k > best ? k : best;
+    }
+  } else {
+    float v[kArgmaxPer];
+#pragma unroll
+    for (int u = 0; u < kArgmaxPer; ++u) {
+      const int i = c0 + tid + u * kArgmaxThreads;
+      v[u] = i < c1 ? z[i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kArgmaxPer; ++u) {
+      const int i = c0 + tid + u * kArgmaxThreads;
+      if (i < c1) {
+        const unsigned long long k = argmax_key(v[u], i);
+        best = k > best ? k : best;
+      }
     }
   }
-  const int lane = tid % kWarpSize, warp = tid / kWarpSize;
-  if (lane == 0) {
-    vsmem[warp] = best;
-    ismem[warp] = best_i;
-  }
+  best = warp_max_u64(best);
+  if (tid % kWarpSize == 0) warp_best[tid / kWarpSize] = best;
   __syncthreads();
-  if (tid == 0) {
-    for (int w = 1; w < kMaxWarps; ++w)
-      if (vsmem[w] > best || (vsmem[w] == best && ismem[w] < best_i)) {
-        best = vsmem[w];
-        best_i = ismem[w];
-      }
-    out_ids[int64_t(blockIdx.x) * o_stride] = best_i;
-  }
+  if (tid != 0) return;
+  for (int w = 1; w < kArgmaxThreads / kWarpSize; ++w) best = warp_best[w] > best ? warp_best[w] : best;
+  atomicMax(&slots[b], best);
+  __threadfence();  // the slot update is visible before this block's ticket
+  if (atomicAdd(&tickets[b], 1u) != gridDim.y - 1) return;
+  __threadfence();  // every other block's slot update is visible to the reads below
+  const unsigned long long k = atomicExch(&slots[b], 0ull);
+  atomicExch(&tickets[b], 0u);
+  out_ids[b * o_stride] = int32_t(~static_cast<uint32_t>(k));
 }
 
 // ---- host-side checks (the CPU backend's, which are the specification) -----------------------------
@@ -495,9 +556,17 @@ void GpuBackend::argmax(const TensorView& logits, const TensorView& out_ids) {
   check_rows(logits, "argmax", "logits");
   MLA_CHECK(logits.dim(1) > 0, "argmax: empty rows");
   check_vec(out_ids, DType::I32, logits.dim(0), "argmax", "out_ids");
-  if (logits.dim(0) == 0) return;
-  argmax_kernel<<<unsigned(logits.dim(0)), kThreads, 0, stream()>>>(
-      logits.as<const float>(), logits.stride[0], out_ids.as<int32_t>(), out_ids.stride[0], int(logits.dim(1)));
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  if (rows == 0) return;
+  const int64_t chunks = (vocab + kArgmaxChunk - 1) / kArgmaxChunk;
+  MLA_CHECK(chunks <= 65535, "argmax: V={} too wide", vocab);
+  // Grows only outside capture (Scratch's rule); a new buffer is zero-filled, as the kernel needs.
+  char* scratch = static_cast<char*>(sampling_->argmax_slots.get(*this, size_t(rows) * 12));
+  auto* slots = reinterpret_cast<unsigned long long*>(scratch);
+  auto* tickets = reinterpret_cast<unsigned*>(scratch + size_t(rows) * 8);
+  argmax_kernel<<<dim3(unsigned(rows), unsigned(chunks)), kArgmaxThreads, 0, stream()>>>(
+      logits.as<const float>(), logits.stride[0], out_ids.as<int32_t>(), out_ids.stride[0], int(vocab), slots,
+      tickets);
   MLA_GPU_LAUNCH_CHECK();
 }
 

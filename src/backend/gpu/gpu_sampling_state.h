@@ -6,7 +6,9 @@
 namespace mla::gpu {
 
 struct SamplingState {
-  Scratch scratch;
+  // argmax's per-row packed-max slots and ticket counters. Invariant: all zero between calls (alloc
+  // zero-fills; each row's last block resets its pair), so nothing else may use this buffer.
+  Scratch argmax_slots;
 };
 
 }  // namespace mla::gpu
