@@ -108,6 +108,21 @@ TEST(GpuParityLinear, Fp8) { sweep_kind(WeightKind::FP8, 1104); }
 TEST(GpuParityLinear, Int4Bf16Scale) { sweep_kind(WeightKind::INT4_BF16, 1105); }
 TEST(GpuParityLinear, Int4F32Scale) { sweep_kind(WeightKind::INT4_F32, 1106); }
 
+// More row blocks than the GEMV's capped grid (2112 CTAs x 8 rows), so CTAs loop over row blocks: K
+// resident in one smem chunk (x staged once per CTA, T = 1 and 3) and K past it (8200 > 8192: staged
+// per chunk in every row block), BF16 and FP8, both layouts.
+TEST(GpuParityLinear, GemvManyRowBlocks) {
+  std::mt19937 rng(1111);
+  for (const WeightKind kind : {WeightKind::BF16, WeightKind::FP8})
+    for (int64_t in : {520, 8200}) {
+      TwinWeight w;
+      make_twin_weight(w, rng, kind, 17003, in);
+      for (int64_t T : {1, 3})
+        for (bool strided : {false, true})
+          check_case(gpu_backend(), kind, w, rng, T, strided, LinearPath::Gemv, exact_tol(in), " many row blocks");
+    }
+}
+
 // The cuBLASLt path forced (it also takes T <= 16 when asked), Fp32 split precision, both layouts,
 // and a GEMV forced past 16 tokens (it runs in groups of 16).
 TEST(GpuParityLinear, ForcedPaths) {

@@ -163,94 +163,103 @@ template <GemvFmt F> __device__ __forceinline__ int64_t gemv_byte_offset(const D
 // Split-K: CTA (blockIdx.x, s = blockIdx.y) covers K range [s * split_k, min(in, (s + 1) * split_k))
 // (split_k a multiple of 128). With one split it writes `out`; otherwise it writes its partial sums
 // to partial[s][t][n] (contiguous [splits, T, out]) for linear_gemv_reduce_kernel.
+// Row blocks: CTA blockIdx.x takes row blocks blockIdx.x, + gridDim.x, ... of `row_blocks` (the grid
+// is capped when there are many, e.g. a 129280-row lm_head): when the split's K range fits one smem
+// chunk, x is staged once per CTA instead of once per 8 rows, and the CTA streams row after row with
+// no barrier between them.
 template <GemvFmt F, int NT>
 __global__ void __launch_bounds__(kGemvThreads)
     linear_gemv_kernel(const float* __restrict__ x, int64_t ldx, int T, DeviceWeight w, float* __restrict__ out,
-                       int64_t ldo, int kc, int64_t split_k, float* __restrict__ partial) {
+                       int64_t ldo, int kc, int64_t split_k, float* __restrict__ partial, int64_t row_blocks) {
   extern __shared__ float4 gemv_smem[];  // float4: 16-byte alignment for vectorized smem reads
   float* xs = reinterpret_cast<float*>(gemv_smem);  // [NT][kc]
   constexpr int VE = gemv_vec_elems<F>();
   const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
   const int warps = int(blockDim.x) / kWarpSize;
-  const int64_t row0 = (int64_t(blockIdx.x) * warps + warp) * kGemvRows;
   const char* wbytes = static_cast<const char*>(w.data);
-  float acc[kGemvRows][NT];
-#pragma unroll
-  for (int r = 0; r < kGemvRows; ++r)
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-
   const int64_t k_begin = int64_t(blockIdx.y) * split_k, k_end = min(w.in, k_begin + split_k);
-  for (int64_t c0 = k_begin; c0 < k_end; c0 += kc) {
-    const int len = int(min(int64_t(kc), k_end - c0));
-    __syncthreads();  // the previous chunk's readers are done
-    for (int i = int(threadIdx.x); i < NT * kc; i += int(blockDim.x)) {
-      const int t = i / kc, k = i % kc;
-      xs[i] = (t < T && k < len) ? x[int64_t(t) * ldx + c0 + k] : 0.0f;
-    }
-    __syncthreads();
-    if constexpr (F == GemvFmt::Scalar) {
-      for (int k = lane; k < len; k += kWarpSize) {
+  const bool x_resident = k_end - k_begin <= kc;  // one chunk: staged by the first row block only
+  for (int64_t rb = blockIdx.x; rb < row_blocks; rb += gridDim.x) {  // uniform per CTA
+    const int64_t row0 = (rb * warps + warp) * kGemvRows;
+    float acc[kGemvRows][NT];
 #pragma unroll
-        for (int r = 0; r < kGemvRows; ++r) {
-          if (row0 + r < w.out) {
-            const float wv = weight_at(w, row0 + r, c0 + k);
+    for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
-            for (int t = 0; t < NT; ++t) acc[r][t] = fmaf(wv, xs[t * kc + k], acc[r][t]);
+      for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+
+    for (int64_t c0 = k_begin; c0 < k_end; c0 += kc) {
+      const int len = int(min(int64_t(kc), k_end - c0));
+      if (!x_resident || rb == int64_t(blockIdx.x)) {
+        __syncthreads();  // the previous chunk's readers are done
+        for (int i = int(threadIdx.x); i < NT * kc; i += int(blockDim.x)) {
+          const int t = i / kc, k = i % kc;
+          xs[i] = (t < T && k < len) ? x[int64_t(t) * ldx + c0 + k] : 0.0f;
+        }
+        __syncthreads();
+      }
+      if constexpr (F == GemvFmt::Scalar) {
+        for (int k = lane; k < len; k += kWarpSize) {
+#pragma unroll
+          for (int r = 0; r < kGemvRows; ++r) {
+            if (row0 + r < w.out) {
+              const float wv = weight_at(w, row0 + r, c0 + k);
+#pragma unroll
+              for (int t = 0; t < NT; ++t) acc[r][t] = fmaf(wv, xs[t * kc + k], acc[r][t]);
+            }
           }
         }
-      }
-    } else {
-      const int nvec = (len + VE - 1) / VE;
-      // U vecs per lane per iteration (manual unroll): U x kGemvRows independent loads in flight.
-      constexpr int U = NT <= 4 ? 4 : 2;  // fewer at large NT, where the accumulators need the registers
-      for (int v0 = lane; v0 < nvec; v0 += U * kWarpSize) {
-        uint4 q[U][kGemvRows];
+      } else {
+        const int nvec = (len + VE - 1) / VE;
+        // U vecs per lane per iteration (manual unroll): U x kGemvRows independent loads in flight.
+        constexpr int U = NT <= 4 ? 4 : 2;  // fewer at large NT, where the accumulators need the registers
+        for (int v0 = lane; v0 < nvec; v0 += U * kWarpSize) {
+          uint4 q[U][kGemvRows];
 #pragma unroll
-        for (int u = 0; u < U; ++u)
+          for (int u = 0; u < U; ++u)
 #pragma unroll
-          for (int r = 0; r < kGemvRows; ++r) {
+            for (int r = 0; r < kGemvRows; ++r) {
+              const int v = v0 + u * kWarpSize;
+              const bool live = row0 + r < w.out && v < nvec;
+              const char* p = wbytes + gemv_byte_offset<F>(w, row0 + r, c0 + int64_t(v) * VE);
+              q[u][r] = live ? *reinterpret_cast<const uint4*>(p) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
             const int v = v0 + u * kWarpSize;
-            const bool live = row0 + r < w.out && v < nvec;
-            const char* p = wbytes + gemv_byte_offset<F>(w, row0 + r, c0 + int64_t(v) * VE);
-            q[u][r] = live ? *reinterpret_cast<const uint4*>(p) : make_uint4(0, 0, 0, 0);
-          }
+            const int64_t k0 = c0 + int64_t(v) * VE;
+            const float* xk = xs + v * VE;
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int v = v0 + u * kWarpSize;
-          const int64_t k0 = c0 + int64_t(v) * VE;
-          const float* xk = xs + v * VE;
+            for (int r = 0; r < kGemvRows; ++r) {
+              if (row0 + r < w.out && v < nvec) {
+                float wv[VE];
+                gemv_dequant<F>(w, q[u][r], row0 + r, k0, wv);
+                if (k0 + VE > w.in) {  // last vec of a row: bytes past `in` are padding, maybe NaN
 #pragma unroll
-          for (int r = 0; r < kGemvRows; ++r) {
-            if (row0 + r < w.out && v < nvec) {
-              float wv[VE];
-              gemv_dequant<F>(w, q[u][r], row0 + r, k0, wv);
-              if (k0 + VE > w.in) {  // last vec of a row: bytes past `in` are padding, maybe NaN
+                  for (int j = 0; j < VE; ++j)
+                    if (k0 + j >= w.in) wv[j] = 0.0f;
+                }
 #pragma unroll
-                for (int j = 0; j < VE; ++j)
-                  if (k0 + j >= w.in) wv[j] = 0.0f;
+                for (int t = 0; t < NT; ++t)
+#pragma unroll
+                  for (int j = 0; j < VE; ++j) acc[r][t] = fmaf(wv[j], xk[t * kc + j], acc[r][t]);
               }
-#pragma unroll
-              for (int t = 0; t < NT; ++t)
-#pragma unroll
-                for (int j = 0; j < VE; ++j) acc[r][t] = fmaf(wv[j], xk[t * kc + j], acc[r][t]);
             }
           }
         }
       }
     }
-  }
-  // Fixed-order butterfly reduction: deterministic, and independent of other rows/tokens.
+    // Fixed-order butterfly reduction: deterministic, and independent of other rows/tokens.
 #pragma unroll
-  for (int r = 0; r < kGemvRows; ++r)
+    for (int r = 0; r < kGemvRows; ++r)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float s = warp_sum(acc[r][t]);
-      if (lane == 0 && t < T && row0 + r < w.out) {
-        if (partial == nullptr) out[int64_t(t) * ldo + row0 + r] = s;
-        else partial[(int64_t(blockIdx.y) * T + t) * w.out + row0 + r] = s;
+      for (int t = 0; t < NT; ++t) {
+        const float s = warp_sum(acc[r][t]);
+        if (lane == 0 && t < T && row0 + r < w.out) {
+          if (partial == nullptr) out[int64_t(t) * ldo + row0 + r] = s;
+          else partial[(int64_t(blockIdx.y) * T + t) * w.out + row0 + r] = s;
+        }
       }
-    }
+  }  // row blocks
 }
 
 // out[t, n] = sum over splits s (in order: deterministic) of partial[s][t][n].
@@ -285,14 +294,18 @@ template <GemvFmt F, int NT>
 void launch_gemv(GpuBackend& be, const float* x, int64_t ldx, int T, const DeviceWeight& w, float* out, int64_t ldo) {
   const GemvSplit sp = gemv_split(w);
   // K chunk: <= 32 KB of x in smem (under every vendor's default 48 KB), no wider than a split needs.
-  constexpr int kMaxChunk = NT <= 4 ? 2048 : NT == 8 ? 1024 : 512;
+  // One token: up to 8192 (a DeepSeek/Kimi hidden row, 7168, stays resident for the whole CTA).
+  constexpr int kMaxChunk = NT == 1 ? 8192 : NT <= 4 ? 2048 : NT == 8 ? 1024 : 512;
   const int kc = int(std::min<int64_t>(kMaxChunk, sp.split_k));
   const size_t smem = size_t(NT) * size_t(kc) * sizeof(float);
   float* partial = nullptr;
   if (sp.splits > 1)
     partial = be.linear_state().gemv_scratch.get_as<float>(be, size_t(sp.splits * T * w.out));
-  const dim3 grid(unsigned(sp.row_ctas), unsigned(sp.splits));
-  linear_gemv_kernel<F, NT><<<grid, kGemvThreads, smem, be.stream()>>>(x, ldx, T, w, out, ldo, kc, sp.split_k, partial);
+  // Many row blocks (lm_head: 16160): ~2 waves of CTAs (<= 8 per SM) that loop over them.
+  constexpr int64_t kMaxRowCtas = 2 * 8 * 132;
+  const dim3 grid(unsigned(std::min(sp.row_ctas, kMaxRowCtas)), unsigned(sp.splits));
+  linear_gemv_kernel<F, NT><<<grid, kGemvThreads, smem, be.stream()>>>(x, ldx, T, w, out, ldo, kc, sp.split_k, partial,
+                                                                       sp.row_ctas);
   MLA_GPU_LAUNCH_CHECK();
   if (partial != nullptr) {
     const int64_t total = int64_t(T) * w.out;
