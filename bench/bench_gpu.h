@@ -112,6 +112,10 @@ struct Ceilings {
   double bf16_tflops = 0;     // cuBLASLt bf16 8192^3, fp32 accumulate
 };
 Ceilings measure_ceilings(Report& report, bool quick);
+// Median ms of cuBLASLt alone on D[m, n] = W[m, k] x[n, k]^T (bf16 in, fp32 accumulate, fp32 or bf16
+// out), fastest of its first 4 heuristic algorithms (1 when quick): a per-shape reference beside the
+// 8192^3 ceiling. 0 on builds without cuBLASLt.
+double cublas_bf16_gemm_ms(gpu::Stream stream, int64_t m, int64_t n, int64_t k, bool out_f32, bool quick);
 
 // The benchmarks (each adds rows and prints its table).
 struct BenchOptions {
@@ -124,6 +128,8 @@ struct BenchOptions {
 void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o);
 void bench_mla_prefill(Report& report, const Ceilings& c, const BenchOptions& o);
 void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o);
+void bench_moe_prefill(Report& report, const Ceilings& c, const BenchOptions& o);
+void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o);
 void bench_gemm(Report& report, const Ceilings& c, const BenchOptions& o);
 void bench_e2e(Report& report, const Ceilings& c, const BenchOptions& o);
 

@@ -1,7 +1,7 @@
 // `mla_bench_gpu`: the GPU benchmarks of docs/performance.md in one binary. Ceilings (copy
 // bandwidth, cuBLASLt bf16 GEMM) are measured first in every run; each benchmark prints its table
 // and the whole report goes to --out (JSON + markdown). Run by tools/gpu_check.sh on the GPU host.
-// Usage: mla_bench_gpu [--only mla-decode,moe,...] [--out DIR] [--quick] [--model DIR]
+// Usage: mla_bench_gpu [--only mla-decode,moe,moe-prefill,dense-decode,...] [--out DIR] [--quick] [--model DIR]
 #include <cstdio>
 #include <set>
 #include <string>
@@ -29,7 +29,9 @@ int main(int argc, char** argv) {
   std::string only = "mla-decode,mla-prefill,moe,gemm", out_dir;
   BenchOptions o;
   app.add_option("--only", only,
-                 "Comma-separated subset of: ceilings, mla-decode, mla-prefill, moe, gemm, e2e (ceilings always run)")
+                 "Comma-separated subset of: ceilings, mla-decode, mla-prefill, moe, moe-prefill, dense-decode, gemm, e2e "
+                 "(ceilings always run; moe-prefill (~11 GB of experts) and dense-decode (GemvTc per DeepSeek shape) "
+                 "are not in the default list)")
       ->capture_default_str();
   app.add_option("--out", out_dir, "Write bench_gpu.json and bench_gpu.md here");
   app.add_flag("--quick", o.quick, "Smaller sizes and fewer repetitions (a smoke run, not a measurement)");
@@ -48,7 +50,9 @@ int main(int argc, char** argv) {
     a = b + 1;
   }
   for (const std::string& w : want)
-    if (!std::set<std::string>{"ceilings", "mla-decode", "mla-prefill", "moe", "gemm", "e2e"}.count(w)) {
+    if (!std::set<std::string>{"ceilings", "mla-decode", "mla-prefill", "moe", "moe-prefill", "dense-decode", "gemm",
+                               "e2e"}
+             .count(w)) {
       std::fprintf(stderr, "mla_bench_gpu: unknown benchmark '%s'\n", w.c_str());
       return 2;
     }
@@ -67,7 +71,9 @@ int main(int argc, char** argv) {
     void (*fn)(Report&, const Ceilings&, const BenchOptions&);
   };
   for (const Entry& e : {Entry{"mla-decode", bench_mla_decode}, Entry{"mla-prefill", bench_mla_prefill},
-                         Entry{"moe", bench_moe_decode}, Entry{"gemm", bench_gemm}, Entry{"e2e", bench_e2e}}) {
+                         Entry{"moe", bench_moe_decode}, Entry{"moe-prefill", bench_moe_prefill},
+                         Entry{"dense-decode", bench_dense_decode},
+                         Entry{"gemm", bench_gemm}, Entry{"e2e", bench_e2e}}) {
     if (!want.count(e.name)) continue;
     std::printf("\n== %s\n", e.name);
     std::fflush(stdout);

@@ -6,10 +6,14 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "backend/gpu/gpu_backend.h"
+#include "backend/gpu/gpu_mla_decode_sm90a.h"
+#include "backend/gpu/gpu_mla_naive_sm90a.h"
 #include "bench_gpu.h"
 
 namespace mla::bench {
@@ -89,7 +93,16 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   PagedBatch pb;
   make_paged_batch(pb, *be, seqs, ctx, 1, 11);
   const double cache_bytes = double(seqs) * ctx * kKvDim * 2.0;
-  for (const int heads : {16, 128, 12, 8}) {
+  // 128 heads twice more with the attention kernel forced: the sm_90a wgmma kernel (what Auto runs on
+  // an H200) and the mma.sync kernel it replaced (0 = Auto, 1 = MmaSync, 2 = Wgmma).
+  const std::pair<int, int> runs[] = {{16, 0}, {128, 0}, {128, 1}, {128, 2}, {12, 0}, {8, 0}};
+  constexpr gpu::MlaDecodeKernel kForced[] = {gpu::MlaDecodeKernel::Auto, gpu::MlaDecodeKernel::MmaSync,
+                                              gpu::MlaDecodeKernel::Wgmma};
+  constexpr const char* kForcedTag[] = {"", " mma.sync", " wgmma"};
+  for (const auto& [heads, forced] : runs) {
+    const auto kernel = kForced[forced];
+    if (forced >= 2 && !gpu::mla_decode_sm90a_supported(heads, kRank, kRope)) continue;
+    gpu::set_mla_decode_kernel(*be, kernel);
     const ops::MlaDims dims = dsv3_dims(heads);
     DevTensor q = dev_tensor(*be, DType::F32, {seqs, heads, kKvDim});
     DevTensor out = dev_tensor(*be, DType::F32, {seqs, heads, kRank});
@@ -103,11 +116,14 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
     const double sec = t.median_ms * 1e-3;
     const double gbps = cache_bytes / sec / 1e9;
     const double tflops = double(seqs) * 2.0 * heads * ctx * (kKvDim + kRank) / sec / 1e12;
-    const std::string name = fmt::format("absorbed decode, batch {} x ctx {}, {} heads{}", seqs, ctx, heads,
-                                         heads % 16 ? " (padded to 16)" : "");
+    gpu::set_mla_decode_kernel(*be, gpu::MlaDecodeKernel::Auto);
+    const std::string name = fmt::format("absorbed decode, batch {} x ctx {}, {} heads{}{}", seqs, ctx, heads,
+                                         heads % 16 ? " (padded to 16)" : "",
+                                         forced ? fmt::format(" [{} forced]", kForcedTag[forced] + 1) : "");
     if (heads == 128)
-      report.add({"mla_decode", name, t.median_ms, tflops, "TFLOP/s", c.bf16_tflops, "bf16 GEMM", 0.6,
-                  fmt::format("cache {:.0f} GB/s", gbps), fmt::format("{}h", heads)});
+      report.add({"mla_decode", name, t.median_ms, tflops, "TFLOP/s", c.bf16_tflops, "bf16 GEMM", forced ? 0 : 0.6,
+                  fmt::format("cache {:.0f} GB/s", gbps),
+                  fmt::format("{}h{}", heads, kForcedTag[forced])});
     else
       report.add({"mla_decode", name, t.median_ms, gbps, "GB/s", c.copy_gbps, "copy BW", heads == 16 ? 0.8 : 0,
                   fmt::format("{:.1f} TFLOP/s; cache bytes only", tflops), fmt::format("{}h", heads)});
@@ -137,24 +153,35 @@ void bench_mla_prefill(Report& report, const Ceilings& c, const BenchOptions& o)
       DevTensor q = dev_tensor(*be, DType::F32, {q_len, heads, kNope + kRope});
       DevTensor out = dev_tensor(*be, DType::F32, {q_len, heads, kV});
       fill_random(q.view, 200 + uint64_t(heads), -1, 1, s);
-      TimingPlan plan;
-      plan.warmup = 1;
-      plan.min_reps = o.quick ? 1 : 2;  // a 128K x 128-head call may take seconds
-      plan.max_reps = o.quick ? 2 : 20;
-      plan.budget_ms = o.quick ? 200 : 2000;
-      const Timing t = time_on_stream(s, plan, [&](int) {
-        be->mla_attention_naive(q.view, pb.cache.view, kv_b, pb.batch, dims, out.view);
-      });
-      const double pairs = double(q_len) * (ctx - q_len) + double(q_len) * (q_len + 1) / 2.0;
-      const double attn = 2.0 * heads * (kNope + kRope + kV) * pairs;
-      const double decomp = 2.0 * double(ctx) * kRank * heads * (kNope + kV);
-      const double sec = t.median_ms * 1e-3;
-      report.add({"mla_prefill",
-                  fmt::format("naive, ctx {}, {} queries at the end, {} heads", ctx, q_len, heads), t.median_ms,
-                  attn / sec / 1e12, "TFLOP/s", c.bf16_tflops, "bf16 GEMM", 0.5,
-                  fmt::format("attention FLOPs only; with decompression ({:.2g} FLOP) {:.1f} TFLOP/s; {:.0f} tok/s",
-                              decomp, (attn + decomp) / sec / 1e12, q_len / sec),
-                  fmt::format("{}K {}h", ctx / 1024, heads)});
+      // Auto (the sm_90a wgmma kernel on an H200) at every context; at the first context the mma.sync
+      // kernel forced beside it (the baseline it replaced).
+      std::vector<gpu::NaivePrefillPath> paths = {gpu::NaivePrefillPath::Auto};
+      if (ctx == contexts.front() && gpu::naive_sm90a_supported(kNope + kRope, kV))
+        paths.push_back(gpu::NaivePrefillPath::MmaSync);
+      for (const gpu::NaivePrefillPath path : paths) {
+        gpu::set_naive_prefill_path(path);
+        const bool forced = path != gpu::NaivePrefillPath::Auto;
+        TimingPlan plan;
+        plan.warmup = 1;
+        plan.min_reps = o.quick ? 1 : 2;  // a 128K x 128-head call may take seconds
+        plan.max_reps = o.quick ? 2 : 20;
+        plan.budget_ms = o.quick ? 200 : 2000;
+        const Timing t = time_on_stream(s, plan, [&](int) {
+          be->mla_attention_naive(q.view, pb.cache.view, kv_b, pb.batch, dims, out.view);
+        });
+        gpu::set_naive_prefill_path(gpu::NaivePrefillPath::Auto);
+        const double pairs = double(q_len) * (ctx - q_len) + double(q_len) * (q_len + 1) / 2.0;
+        const double attn = 2.0 * heads * (kNope + kRope + kV) * pairs;
+        const double decomp = 2.0 * double(ctx) * kRank * heads * (kNope + kV);
+        const double sec = t.median_ms * 1e-3;
+        report.add({"mla_prefill",
+                    fmt::format("naive, ctx {}, {} queries at the end, {} heads{}", ctx, q_len, heads,
+                                forced ? " [mma.sync forced]" : ""),
+                    t.median_ms, attn / sec / 1e12, "TFLOP/s", c.bf16_tflops, "bf16 GEMM", forced ? 0 : 0.5,
+                    fmt::format("attention FLOPs only; with decompression ({:.2g} FLOP) {:.1f} TFLOP/s; {:.0f} tok/s",
+                                decomp, (attn + decomp) / sec / 1e12, q_len / sec),
+                    fmt::format("{}K {}h{}", ctx / 1024, heads, forced ? " mma.sync" : "")});
+      }
     }
   }
   report.print("mla_prefill");

@@ -1,7 +1,9 @@
 // Weight-streaming benchmarks through the Backend interface: MoE decode (routed experts of
-// DeepSeek-V3's geometry, FP8 and INT4, bandwidth-bound) and dense linear at prefill sizes
-// (compute-bound, against the cuBLASLt ceiling).
+// DeepSeek-V3's geometry, FP8 and INT4, bandwidth-bound), dense FP8 linear at decode sizes (per
+// kernel path, against copy bandwidth) and dense linear at prefill sizes (compute-bound, against the
+// cuBLASLt ceiling).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -9,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/gpu/gpu_linear.h"
 #include "bench_gpu.h"
 
 namespace mla::bench {
@@ -91,6 +94,133 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   report.print("moe_decode");
 }
 
+// MoE prefill (moe_experts' grouped path): T tokens x top-8 of 256 DeepSeek-V3 experts (FP8, 7168 x
+// 2048), Bf16 precision (the tensor-core grouped kernel, gpu_moe_grouped_tc.h) and, at 1024 tokens,
+// the exact fp32 grouped kernel (Fp32 mode) for reference. FLOPs = 2 x T x 8 x 3 x 7168 x 2048 (the
+// routed pairs only; padding of partial 64-pair tiles is not counted). Napkin: T 4096 = 2.89 TFLOP
+// (9.6 ms at 300 TFLOP/s) over 11.3 GB of weights (2.6 ms at 4.3 TB/s): compute-bound; T 1024 (~32
+// pairs per expert) reads the same 11.3 GB for a quarter of the FLOPs: weight-bound near 280 TFLOP/s.
+// Includes routing plan, x -> bf16 prep and combine (the whole op as the model calls it).
+void bench_moe_prefill(Report& report, const Ceilings& c, const BenchOptions& o) {
+  const int num_experts = o.quick ? 32 : 256, hidden = 7168, inter = 2048, top_k = 8;
+  struct Case {
+    int tokens;
+    bool bf16;
+  };
+  std::vector<Case> cases = {{1024, true}, {4096, true}, {1024, false}};
+  if (o.quick) cases = {{1024, true}};
+  for (const bool bf16 : {true, false}) {
+    bool any = false;
+    for (const Case& k : cases) any = any || k.bf16 == bf16;
+    if (!any) continue;
+    auto be = make_bench_backend(bf16);
+    const gpu::Stream s = backend_stream(*be);
+    std::vector<ops::ExpertWeights> experts(static_cast<size_t>(num_experts));
+    HostWeight hw;
+    for (int e = 0; e < num_experts; ++e) {
+      make_host_weight(hw, BenchWeight::FP8, inter, hidden, 9000 + uint64_t(e) * 3 + 0);
+      experts[size_t(e)].gate_proj = place(*be, hw);
+      make_host_weight(hw, BenchWeight::FP8, inter, hidden, 9000 + uint64_t(e) * 3 + 1);
+      experts[size_t(e)].up_proj = place(*be, hw);
+      make_host_weight(hw, BenchWeight::FP8, hidden, inter, 9000 + uint64_t(e) * 3 + 2);
+      experts[size_t(e)].down_proj = place(*be, hw);
+    }
+    std::mt19937 rng(23);
+    for (const Case& k : cases) {
+      if (k.bf16 != bf16) continue;
+      std::vector<int32_t> h_ids;
+      std::vector<float> h_w;
+      std::vector<int32_t> all(static_cast<size_t>(num_experts));
+      for (int t = 0; t < k.tokens; ++t) {
+        std::iota(all.begin(), all.end(), 0);
+        float sum = 0;
+        for (int j = 0; j < top_k; ++j) {  // partial Fisher-Yates: top_k distinct experts per token
+          std::swap(all[size_t(j)], all[size_t(j) + rng() % size_t(num_experts - j)]);
+          h_ids.push_back(all[size_t(j)]);
+          sum += h_w.emplace_back(0.1f + float(rng() % 1000) / 1000.0f);
+        }
+        for (int j = 0; j < top_k; ++j) h_w[h_w.size() - size_t(top_k) + size_t(j)] *= 2.5f / sum;
+      }
+      DevTensor ids = dev_tensor(*be, DType::I32, {k.tokens, top_k});
+      DevTensor weights = dev_tensor(*be, DType::F32, {k.tokens, top_k});
+      be->copy_from_host(ids.view, h_ids.data());
+      be->copy_from_host(weights.view, h_w.data());
+      DevTensor x = dev_tensor(*be, DType::F32, {k.tokens, hidden});
+      DevTensor out = dev_tensor(*be, DType::F32, {k.tokens, hidden});
+      fill_random(x.view, 700 + uint64_t(k.tokens), -1, 1, s);
+      be->synchronize();
+      TimingPlan plan;
+      plan.min_reps = o.quick ? 3 : 5;
+      plan.max_reps = o.quick ? 5 : 50;
+      plan.budget_ms = o.quick ? 100 : 1000;
+      const Timing tm = time_on_stream(s, plan, [&](int) {
+        be->moe_experts(x.view, ids.view, weights.view, experts, out.view);
+      });
+      const double flops = 2.0 * k.tokens * top_k * 3.0 * double(hidden) * double(inter);
+      report.add({"moe_prefill",
+                  fmt::format("{} experts FP8 top-{}, {} tokens, 7168x2048, GemmPrecision::{}", num_experts, top_k,
+                              k.tokens, bf16 ? "Bf16" : "Fp32"),
+                  tm.median_ms, flops / (tm.median_ms * 1e-3) / 1e12, "TFLOP/s", c.bf16_tflops, "bf16 GEMM",
+                  bf16 && k.tokens >= 4096 ? 0.38 : 0,
+                  fmt::format("{:.0f} pairs/expert avg; plan + prep + combine included",
+                              double(k.tokens) * top_k / num_experts),
+                  fmt::format("fp8 t{} {}", k.tokens, bf16 ? "bf16" : "fp32")});
+    }
+  }
+  report.print("moe_prefill");
+}
+
+// Dense FP8 linear layers of DeepSeek-V3 at decode sizes (T = 1, 4), GemmPrecision::Bf16, through
+// the tensor-core matvec (LinearPath::GemvTc, Auto's pick). (A shared-memory-ring variant fed by bulk
+// copies, one CTA per SM with 160 KB in flight, passed parity on the H200 but reached 25-33% where
+// this reaches 42-53%, 2026-11-30; not kept.) Bytes = weight data + scales, read once
+// per call; ideal at 4.2 TB/s: o_proj 16384 -> 7168 (117 MB) 28 us, gate/up 7168 -> 18432 (132 MB)
+// 31 us, down 18432 -> 7168 (132 MB) 31 us, q_b 1536 -> 24576 (37.7 MB) 9 us, shared-expert down
+// 2048 -> 7168 (14.7 MB) 3.5 us. Each shape cycles through enough copies of its weight (>= 200 MB
+// together) that no call finds its weight in the 50 MB L2. Prep kernels (x -> f16) are included.
+void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o) {
+  struct Shape {
+    const char* name;
+    int64_t in, out;
+  };
+  std::vector<Shape> shapes = {{"o_proj", 16384, 7168},
+                               {"mlp gate/up", 7168, 18432},
+                               {"mlp down", 18432, 7168},
+                               {"q_b_proj", 1536, 24576},
+                               {"shared expert down", 2048, 7168}};
+  if (o.quick) shapes = {{"o_proj", 16384, 7168}, {"shared expert down", 2048, 7168}};
+  auto be = make_bench_backend(true);
+  const gpu::Stream s = backend_stream(*be);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& sh = shapes[i];
+    HostWeight hw;
+    make_host_weight(hw, BenchWeight::FP8, sh.out, sh.in, 80 + i);
+    std::vector<ops::Weight> copies;
+    copies.push_back(place(*be, hw));
+    const double bytes = double(weight_bytes(copies.front()));
+    const int n_copies = int(std::clamp<double>(std::ceil(200e6 / bytes), 1, 16));
+    while (int(copies.size()) < n_copies) copies.push_back(place(*be, hw));
+    for (const int T : {1, 4}) {
+      DevTensor x = dev_tensor(*be, DType::F32, {T, sh.in});
+      DevTensor out = dev_tensor(*be, DType::F32, {T, sh.out});
+      fill_random(x.view, 900 + uint64_t(T), -1, 1, s);
+      be->synchronize();
+      if (!gpu::linear_gemv_tc_supports(*be, copies.front())) continue;
+      TimingPlan plan;
+      plan.max_reps = o.quick ? 20 : 200;
+      plan.budget_ms = o.quick ? 50 : 400;
+      const Timing tm = time_on_stream(s, plan, [&](int rep) {
+        gpu::linear_with_path(*be, x.view, copies[size_t(rep) % copies.size()], out.view, gpu::LinearPath::GemvTc);
+      });
+      report.add({"dense_decode", fmt::format("{} FP8 {} -> {}, T {}, GemvTc", sh.name, sh.in, sh.out, T),
+                  tm.median_ms, bytes / (tm.median_ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW", 0.7,
+                  fmt::format("{:.1f} MB, {} copies rotated", bytes / 1e6, n_copies),
+                  fmt::format("tc {}x{} t{}", sh.in, sh.out, T)});
+    }
+  }
+  report.print("dense_decode");
+}
+
 // Napkin math: FLOPs = 2 T in out; T 4096 x 7168 -> 18432 is 1.08e12 FLOP (~1.4 ms at 790
 // TFLOP/s) against 264 MB of bf16 weight: compute-bound by ~50x, so no input rotation. The Fp32
 // precision mode feeds three bf16 terms of x (3x the tensor-core FLOPs): its ideal is ~33%.
@@ -118,6 +248,22 @@ void bench_gemm(Report& report, const Ceilings& c, const BenchOptions& o) {
     report.add({"gemm", name, tm.median_ms, flops / (tm.median_ms * 1e-3) / 1e12, "TFLOP/s", c.bf16_tflops,
                 "bf16 GEMM", target, note, key});
   };
+  // cuBLASLt alone at each shape (bf16 x, fp32 out like the op), against the same ceiling: how much
+  // of a shortfall is the shape's and how much the op's own (the fp32 -> bf16 pass over x).
+  {
+    auto be = make_bench_backend(true);
+    const gpu::Stream s = backend_stream(*be);
+    for (const Shape& sh : shapes) {
+      const double ms = cublas_bf16_gemm_ms(s, sh.out, sh.t, sh.in, true, o.quick);
+      if (ms <= 0) continue;
+      const double flops = 2.0 * sh.t * double(sh.in) * double(sh.out);
+      report.add({"gemm",
+                  fmt::format("cuBLASLt alone, bf16 x [{} x {}] -> {} fp32 out (reference for this shape)", sh.t,
+                              sh.in, sh.out),
+                  ms, flops / (ms * 1e-3) / 1e12, "TFLOP/s", c.bf16_tflops, "bf16 GEMM", 0,
+                  "best of 4 heuristic algos; no fp32 -> bf16 pass", fmt::format("blas {}x{}->{}", sh.t, sh.in, sh.out)});
+    }
+  }
   for (const bool bf16 : {true, false}) {
     auto be = make_bench_backend(bf16);
     for (size_t i = 0; i < shapes.size(); ++i) {
