@@ -62,17 +62,23 @@ bool dense_tc_shape_ok(MoeFormat format, int64_t in, int64_t out) {
   return in > 0 && out > 0 && in % chunk_k(format) == 0 && out % kActChunk == 0 && out / kActChunk <= 65535;
 }
 
+// Resident CTAs per SM (the kernel's __launch_bounds__ minimum). FP8 dense (decode-time linear): 4
+// (<= 128 registers, no spills) for more loads in flight: ncu of the o_proj call at 3 (133 registers)
+// showed 10 warps per SM, 67% of stalls on global loads, DRAM 41% busy. INT4 dense would spill at
+// 128, and the MoE instantiations keep 3.
+constexpr int dense_tc_min_blocks(MoeFormat format, bool dense) { return dense && format == MoeFormat::FP8 ? 4 : 3; }
+
 DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out) {
   // A CTA's time is set by the loads it keeps in flight rather than by its share of the bytes, so the
-  // grid should fill the resident slots (3 CTAs per SM by __launch_bounds__, 132 SMs on an H200)
+  // grid should fill the resident slots (dense_tc_min_blocks per SM, 132 SMs on an H200)
   // without a small second wave, yet keep >= 2 CTAs per SM's worth of loads. Measured with ncu on
   // the H200 (2026-11-30, batch 1, DeepSeek-V3 FP8, mean per call over a step): the 10 layers with
   // 7168 outputs (112 row CTAs: o_proj, MLP down, shared-expert down) 52.1 us at 5 splits (560 CTAs,
   // 1.4 waves) vs 50.1 us at 3 (336 CTAs); MLP gate/up 7168 -> 18432 (288 row CTAs) 66.4 us at 2
   // splits (576) vs 74.8 us at 1 (288: too few loads in flight). Hence
-  // max(2, floor(396 / row CTAs)) splits, at most 32 and at least one chunk each. Depends on the
+  // max(2, floor(resident slots / row CTAs)) splits, at most 32 and at least one chunk each. Depends on the
   // shape only (the same for every T and every replay).
-  constexpr int64_t kWaveCtas = 3 * 132, kMaxSplits = 32;
+  const int64_t kWaveCtas = dense_tc_min_blocks(format, true) * 132, kMaxSplits = 32;
   const int64_t row_ctas = out / kActChunk, chunks = in / chunk_k(format);
   const int64_t want =
       std::clamp<int64_t>(std::max<int64_t>(2, kWaveCtas / row_ctas), 1, std::min(chunks, kMaxSplits));
@@ -230,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
 // Dense (kDense, down-shaped): grid (splits, out / 64); the CTA computes its rows over split x's K
 // range for every token and writes them to partial plane x (or y itself when there is one split).
 template <MoeFormat F, bool kGateUp, bool kDense>
-__global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
+__global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F, kDense)) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
                                                              TcAct act, int top_k, int64_t k_dim, TcOut out,
                                                              TcDense dense) {
   static_assert(!(kDense && kGateUp), "a dense layer is one matrix");
