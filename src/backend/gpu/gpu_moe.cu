@@ -25,7 +25,7 @@ constexpr int kMaxExperts = 2048;       // plan kernel's smem counters
 constexpr size_t kMaxChunkBytes = size_t(256) << 20;  // h + y scratch per token chunk (prefill)
 // The tensor-core grouped GEMM is compute-bound only with many pairs per expert, and every chunk
 // re-reads all experts' weights: at DeepSeek-V3's shape 256 MB is 910 tokens (~28 pairs per expert,
-// 11.3 GB of FP8 weights per chunk), 1 GiB 3640. A serving-memory trade-off: revisit with the lead.
+// 11.3 GB of FP8 weights per chunk), 1 GiB 3640. The price is 1 GiB of grow-once scratch (prefill only).
 constexpr size_t kMaxChunkBytesGroupedTc = size_t(1) << 30;
 constexpr int64_t kDecodeMaxTokens = 16;
 
