@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -96,6 +97,19 @@ struct TwinBatch : PagedLayout {
 };
 std::unique_ptr<TwinBatch> make_twin_batch(std::mt19937& rng, const std::vector<SeqSpec>& seqs, int block_size);
 inline const ops::AttentionBatch& pick(const TwinBatch& b, bool on_gpu) { return on_gpu ? b.gpu : b.cpu; }
+// MLA head geometry for attention cases, with the model's softmax scale 1 / sqrt(d_nope + d_rope);
+// deepseek_mla_dims is DeepSeek-V3 / Kimi's (128 + 64 query dims, 128 value dims, rank 512).
+inline ops::MlaDims mla_dims(int heads, int d_n, int d_r, int d_v, int rank) {
+  ops::MlaDims d;
+  d.num_heads = heads;
+  d.qk_nope_head_dim = d_n;
+  d.qk_rope_head_dim = d_r;
+  d.v_head_dim = d_v;
+  d.kv_lora_rank = rank;
+  d.softmax_scale = 1.0f / std::sqrt(float(d_n + d_r));
+  return d;
+}
+inline ops::MlaDims deepseek_mla_dims(int heads) { return mla_dims(heads, 128, 64, 128, 512); }
 // "q_len/kv_len,..." for case names.
 std::string seqs_name(const std::vector<SeqSpec>& seqs);
 

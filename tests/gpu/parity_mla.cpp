@@ -29,18 +29,6 @@ Twin make_cache(std::mt19937& rng, const TwinBatch& b, DType dtype, int64_t kv_d
   return cache;
 }
 
-ops::MlaDims mla_dims(int heads, int d_n, int d_r, int d_v, int rank) {
-  ops::MlaDims d;
-  d.num_heads = heads;
-  d.qk_nope_head_dim = d_n;
-  d.qk_rope_head_dim = d_r;
-  d.v_head_dim = d_v;
-  d.kv_lora_rank = rank;
-  d.softmax_scale = 1.0f / std::sqrt(float(d_n + d_r));
-  return d;
-}
-ops::MlaDims real_dims(int heads) { return mla_dims(heads, 128, 64, 128, 512); }
-
 // ---- kv_cache_write ------------------------------------------------------------------------------
 
 TEST(GpuParityMla, KvCacheWrite) {
@@ -87,8 +75,8 @@ TEST(GpuParityMla, AbsorbQAndExpandV) {
       for (int64_t tokens : {int64_t(1), int64_t(5), int64_t(37)})
         // r = 160: one full and one partial 128-column tile; d_n, d_v not multiples of 16.
         absorb_expand_case(rng, kind, mla_dims(heads, 24, 8, 40, 160), tokens);
-  absorb_expand_case(rng, WeightKind::FP8, real_dims(16), 9);
-  absorb_expand_case(rng, WeightKind::INT4_BF16, real_dims(16), 1);
+  absorb_expand_case(rng, WeightKind::FP8, deepseek_mla_dims(16), 9);
+  absorb_expand_case(rng, WeightKind::INT4_BF16, deepseek_mla_dims(16), 1);
 }
 
 // GemmPrecision::Bf16 with FP8 / INT4 kv_b: the tensor-core path (W_UK^T transposed per call for
@@ -109,8 +97,10 @@ TEST(GpuParityMla, AbsorbQAndExpandVTensorCoreBf16) {
     ops::MlaDims d;
     bool takes;  // the tensor-core path applies (else the exact kernels run: kGemmTol)
   };
-  const Case cases[] = {{WeightKind::FP8, real_dims(16), true},        {WeightKind::FP8, real_dims(1), true},
-                        {WeightKind::FP8, real_dims(128), true},       {WeightKind::INT4_BF16, real_dims(16), true},
+  const Case cases[] = {{WeightKind::FP8, deepseek_mla_dims(16), true},
+                        {WeightKind::FP8, deepseek_mla_dims(1), true},
+                        {WeightKind::FP8, deepseek_mla_dims(128), true},
+                        {WeightKind::INT4_BF16, deepseek_mla_dims(16), true},
                         {WeightKind::FP8, mla_dims(20, 128, 64, 128, 256), true},
                         {WeightKind::FP8, mla_dims(12, 24, 8, 40, 160), false}};
   for (const Case& c : cases)
@@ -171,7 +161,7 @@ TEST(GpuParityMla, AbsorbedGenericHeadSweepF32Cache) {
   const std::vector<SeqSpec> seqs = {{1, 2999}, {5, 37}, {1, 1}, {3, 16}, {0, 9}, {1, 700}, {11, 1034}};
   for (int heads : {1, 7, 8, 12, 16, 20, 64, 128}) {
     auto b = make_twin_batch(rng, seqs, 16);
-    const ops::MlaDims d = real_dims(heads);
+    const ops::MlaDims d = deepseek_mla_dims(heads);
     Twin cache = make_cache(rng, *b, DType::F32, d.kv_dim());
     Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Generic);
     EXPECT_TRUE(check_parity("mla_absorbed generic", fmt::format("f32 cache H {} seqs {}", heads, seqs_name(seqs)), out,
@@ -195,7 +185,7 @@ TEST(GpuParityMla, AbsorbedGenericOddDimsAndBf16Cache) {
   // The real geometry over a BF16 cache through the generic path stays fp32-tight.
   const std::vector<SeqSpec> seqs = {{1, 2500}, {4, 100}, {1, 65}};
   auto b = make_twin_batch(rng, seqs, 64);
-  const ops::MlaDims d = real_dims(128);
+  const ops::MlaDims d = deepseek_mla_dims(128);
   Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
   Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Generic);
   EXPECT_TRUE(check_parity("mla_absorbed generic", "bf16 cache H 128 real dims bs 64", out, kAttnTol));
@@ -206,7 +196,7 @@ TEST(GpuParityMla, AbsorbedAutoEveryHeadCountBf16Cache) {
   const std::vector<SeqSpec> seqs = {{1, 40}, {1, 1}, {1, 129}, {1, 64}};
   for (int heads = 1; heads <= 128; ++heads) {
     auto b = make_twin_batch(rng, seqs, 64);
-    const ops::MlaDims d = real_dims(heads);
+    const ops::MlaDims d = deepseek_mla_dims(heads);
     Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
     Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::Auto);
     const bool tc = gpu::mla_attention_uses_tensor_cores(DType::BF16, d);
@@ -216,14 +206,14 @@ TEST(GpuParityMla, AbsorbedAutoEveryHeadCountBf16Cache) {
 }
 
 TEST(GpuParityMla, AbsorbedTensorCoreLongContextAndMixed) {
-  if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, real_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
+  if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, deepseek_mla_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
   std::mt19937 rng(306);
   for (int heads : {16, 20, 128}) {
     for (const std::vector<SeqSpec>& seqs : std::vector<std::vector<SeqSpec>>{
              {{1, 2999}, {1, 1}, {1, 1025}, {1, 640}},  // decode only
              {{1, 3000}, {6, 70}, {1, 5}, {17, 17}}}) {  // decode rows and prefill chunks
       auto b = make_twin_batch(rng, seqs, 64);
-      const ops::MlaDims d = real_dims(heads);
+      const ops::MlaDims d = deepseek_mla_dims(heads);
       Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
       Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::TensorCore);
       EXPECT_TRUE(check_parity("mla_absorbed tc", fmt::format("H {} seqs {}", heads, seqs_name(seqs)), out,
@@ -238,12 +228,12 @@ TEST(GpuParityMla, AbsorbedTensorCoreLongContextAndMixed) {
 // split in use: the kernel writes out and the combine skips the row; two splits), 18 tiles (9), and
 // back. out is re-poisoned before each replay, so only the replay can pass.
 TEST(GpuParityMla, AbsorbedTensorCoreGraphReplayContexts) {
-  if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, real_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
+  if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, deepseek_mla_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
   std::mt19937 rng(307);
   ops::Backend& be = gpu_backend();
   for (int heads : {16, 20, 128}) {  // 20: the dispatcher's head padding is captured too
     auto b = make_twin_batch(rng, {{1, 1100}, {1, 300}}, 64);
-    const ops::MlaDims d = real_dims(heads);
+    const ops::MlaDims d = deepseek_mla_dims(heads);
     Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
     const Twin q = twin_random(rng, DType::F32, {b->tokens, heads, d.kv_dim()});
     const Twin out = twin_output(DType::F32, {b->tokens, heads, d.kv_lora_rank});
@@ -315,9 +305,9 @@ TEST(GpuParityMla, NaiveTinyDims) {
 TEST(GpuParityMla, NaiveRealDims) {
   std::mt19937 rng(308);
   // |k|, |v| ~ 4 (r = 512 products of |w| <= 0.5, |c| < 1): 1e-4 absolute is 2.5e-5 of the value scale.
-  naive_case(rng, real_dims(16), {{111, 2500}, {1, 1030}, {7, 7}}, DType::BF16, 64,
+  naive_case(rng, deepseek_mla_dims(16), {{111, 2500}, {1, 1030}, {7, 7}}, DType::BF16, 64,
              Tolerance{1e-4, 1e-5, "fp32; keys from each backend's linear (~1e-6 relative), |v| ~ 4"});
-  naive_case(rng, real_dims(16), {{33, 2500}}, DType::F32, 16,
+  naive_case(rng, deepseek_mla_dims(16), {{33, 2500}}, DType::F32, 16,
              Tolerance{1e-4, 1e-5, "fp32; keys from each backend's linear (~1e-6 relative), |v| ~ 4"});
 }
 
@@ -340,7 +330,7 @@ TEST(GpuParityMla, NaiveTensorCoreBf16) {
   const std::vector<std::vector<SeqSpec>> batches = {{{1, 1}, {63, 63}, {1500, 1500}, {0, 5}},
                                                      {{5, 63}, {1, 1500}, {130, 1500}, {1, 1}, {17, 63}}};
   for (int heads : {1, 12, 16})
-    for (const ops::MlaDims& d : {real_dims(heads), mla_dims(heads, 32, 16, 32, 64)})
+    for (const ops::MlaDims& d : {deepseek_mla_dims(heads), mla_dims(heads, 32, 16, 32, 64)})
       for (const auto& seqs : batches) naive_case_on(*be, rng, d, seqs, DType::BF16, 64, nullptr, " [bf16 tc]");
 }
 
@@ -352,7 +342,7 @@ TEST(GpuParityMla, NaiveTensorCoreBf16ChunkEdges) {
   // edges, so the running (max, sum, acc) is carried through the scratch; an F32 cache and block 16.
   naive_case_on(*be, rng, mla_dims(3, 32, 16, 32, 64), {{40, 4200}, {1, 4097}, {200, 8300}, {7, 7}}, DType::F32, 16,
                 nullptr, " [bf16 tc]");
-  naive_case_on(*be, rng, real_dims(16), {{33, 4500}, {1, 1}}, DType::BF16, 64, nullptr, " [bf16 tc]");
+  naive_case_on(*be, rng, deepseek_mla_dims(16), {{33, 4500}, {1, 1}}, DType::BF16, 64, nullptr, " [bf16 tc]");
 }
 
 // d_qk 192 / d_v 128 (DeepSeek-V3 / Kimi K2) run the fixed-dims kernel: 128-row CTAs of 4 warps x 32
@@ -367,12 +357,12 @@ TEST(GpuParityMla, NaiveTensorCoreBf16FixedDims) {
   ASSERT_TRUE(be);
   std::mt19937 rng(312);
   for (int heads : {1, 5})
-    naive_case_on(*be, rng, real_dims(heads),
+    naive_case_on(*be, rng, deepseek_mla_dims(heads),
                   {{129, 129}, {50, 191}, {65, 130}, {1, 64}, {0, 3}, {127, 1000}, {257, 257}}, DType::BF16, 64,
                   nullptr, " [bf16 tc fixed]");
-  naive_case_on(*be, rng, real_dims(2), {{600, 4400}, {33, 8257}, {1, 4097}}, DType::BF16, 64, nullptr,
+  naive_case_on(*be, rng, deepseek_mla_dims(2), {{600, 4400}, {33, 8257}, {1, 4097}}, DType::BF16, 64, nullptr,
                 " [bf16 tc fixed, chunks]");
-  naive_case_on(*be, rng, real_dims(3), {{200, 4200}, {7, 7}}, DType::F32, 16, nullptr, " [bf16 tc fixed, f32 cache]");
+  naive_case_on(*be, rng, deepseek_mla_dims(3), {{200, 4200}, {7, 7}}, DType::F32, 16, nullptr, " [bf16 tc fixed, f32 cache]");
   naive_case_on(*be, rng, mla_dims(2, 128, 64, 64, 128), {{129, 300}, {1, 65}}, DType::BF16, 64, nullptr,
                 " [bf16 tc generic dv 64]");
 }
@@ -403,13 +393,13 @@ TEST(GpuParityMla, NaiveFixedDimsEachTensorCorePath) {
     const std::string tag = wgmma ? " [bf16 wgmma]" : " [bf16 mma.sync]";
     std::mt19937 rng(313);
     for (int heads : {1, 5})
-      naive_case_on(*be, rng, real_dims(heads),
+      naive_case_on(*be, rng, deepseek_mla_dims(heads),
                     {{64, 64}, {65, 65}, {129, 129}, {1, 128}, {1, 129}, {50, 191}, {127, 1000}, {0, 3}, {257, 257}},
                     DType::BF16, 64, nullptr, tag);
-    naive_case_on(*be, rng, real_dims(16), {{300, 2000}, {1, 77}}, DType::BF16, 64, nullptr, tag + " 16 heads");
-    naive_case_on(*be, rng, real_dims(2), {{600, 4400}, {33, 8257}, {1, 4097}}, DType::BF16, 64, nullptr,
+    naive_case_on(*be, rng, deepseek_mla_dims(16), {{300, 2000}, {1, 77}}, DType::BF16, 64, nullptr, tag + " 16 heads");
+    naive_case_on(*be, rng, deepseek_mla_dims(2), {{600, 4400}, {33, 8257}, {1, 4097}}, DType::BF16, 64, nullptr,
                   tag + " chunks");
-    naive_case_on(*be, rng, real_dims(3), {{200, 4200}, {7, 7}}, DType::F32, 16, nullptr, tag + " f32 cache");
+    naive_case_on(*be, rng, deepseek_mla_dims(3), {{200, 4200}, {7, 7}}, DType::F32, 16, nullptr, tag + " f32 cache");
   }
 }
 

@@ -19,13 +19,7 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int
   auto b = make_twin_batch(rng, seqs, block_size);
   const int64_t n = int64_t(seqs.size()), tokens = b->tokens, num_blocks = b->num_blocks;
 
-  ops::MlaDims d;
-  d.num_heads = heads;
-  d.qk_nope_head_dim = 128;
-  d.qk_rope_head_dim = 64;
-  d.v_head_dim = 128;
-  d.kv_lora_rank = 512;
-  d.softmax_scale = 1.0f / std::sqrt(192.0f);
+  const ops::MlaDims d = deepseek_mla_dims(heads);
   const int64_t kv_dim = d.kv_dim(), r = d.kv_lora_rank, pad = strided ? 8 : 0;
   Twin cache = twin_random(rng, DType::BF16, {num_blocks, block_size, kv_dim});
   Twin q = twin_random(rng, DType::F32, {tokens, heads, kv_dim + (q_pad >= 0 ? q_pad : pad)}).slice(2, 0, kv_dim);
@@ -182,13 +176,7 @@ TEST(GpuParityMlaTc, WgmmaThroughDispatcher) {
   for (int heads : {16, 100, 128}) {
     const std::vector<SeqSpec> seqs = {{1, 1100}, {3, 130}, {1, 64}};
     auto b = make_twin_batch(rng, seqs, 16);
-    ops::MlaDims d;
-    d.num_heads = heads;
-    d.qk_nope_head_dim = 128;
-    d.qk_rope_head_dim = 64;
-    d.v_head_dim = 128;
-    d.kv_lora_rank = 512;
-    d.softmax_scale = 1.0f / std::sqrt(192.0f);
+    const ops::MlaDims d = deepseek_mla_dims(heads);
     const int64_t kv_dim = d.kv_dim(), r = d.kv_lora_rank;
     Twin cache = twin_random(rng, DType::BF16, {b->num_blocks, 16, kv_dim});
     Twin q = twin_random(rng, DType::F32, {b->tokens, heads, kv_dim});
