@@ -183,8 +183,12 @@ TEST(GpuParityLinear, Bf16Precision) {
 // The tensor-core decode matvec (GemvTc; Auto's pick for FP8 / INT4-BF16-scale at T <= 16 in Bf16
 // mode): x rounded once (f16 for FP8, bf16 for INT4: within bf16_tol), W exact. Shapes: a few 64-row
 // CTAs and 2-5 K chunks, one 64-row CTA with the most K splits (32 x 1-2 chunks), DeepSeek's kv_a
-// (576 x 7168); T across the 8-column passes (1, 3, 8, 9, 16), strided and contiguous rows. Weights
-// the path must refuse (odd in / out, INT4 with F32 scales) fall back: Auto stays exact there.
+// (576 x 7168), and one 64-row CTA whose split's K range is larger than the kernel stages in shared
+// memory at 8 columns (98304 in: FP8 windows of 32 + 16 chunks, INT4 16 + 8); T across the 8-column
+// passes (1, 3, 8, 9, 16), strided (scalar x loads) and contiguous rows. The six calls per weight
+// reuse the split-K tickets, which each call must leave at zero: a stale ticket leaves the poisoned
+// output unwritten. Weights the path must refuse (odd in / out, INT4 with F32 scales) fall back:
+// Auto stays exact there.
 TEST(GpuParityLinear, GemvTensorCore) {
   auto made = gpu::make_gpu_backend({.gemm_precision = gpu::GemmPrecision::Bf16});
   ASSERT_TRUE(made.is_ok()) << made.status().message();
@@ -196,7 +200,8 @@ TEST(GpuParityLinear, GemvTensorCore) {
   };
   const Shape takes[] = {{WeightKind::FP8, 320, 192},       {WeightKind::FP8, 2560, 64},
                          {WeightKind::FP8, 7168, 576},      {WeightKind::INT4_BF16, 384, 128},
-                         {WeightKind::INT4_BF16, 4096, 64}, {WeightKind::INT4_BF16, 1024, 320}};
+                         {WeightKind::INT4_BF16, 4096, 64}, {WeightKind::INT4_BF16, 1024, 320},
+                         {WeightKind::FP8, 98304, 64},      {WeightKind::INT4_BF16, 98304, 64}};
   int flip = 0;
   for (const Shape& sh : takes) {
     TwinWeight w;

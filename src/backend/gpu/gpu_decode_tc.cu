@@ -1,7 +1,7 @@
-// Tensor-core decode matvec for GemmPrecision::Bf16: MoE experts and dense linear layers (constraint
-// and interface: gpu_decode_tc.h). Weights are the mma A operand, read once from HBM with 16-byte
-// evict-first loads straight into fragments (no shared memory); an expert's tokens (a dense layer's
-// tokens) are the B columns (n = 8), prepared once as 16-bit rows. FP8: e4m3 -> f16 exact (cvt.rn.f16x2.e4m3x2), activations f16 with a power-of-two
+// Tensor-core decode matvec for GemmPrecision::Bf16: MoE experts (constraint and interface:
+// gpu_decode_tc.h; dense layers: gpu_dense_tc.cu). Weights are the mma A operand, read once from HBM
+// with 16-byte evict-first loads straight into fragments (no shared memory); an expert's tokens are
+// the B columns (n = 8), prepared once as 16-bit rows. FP8: e4m3 -> f16 exact (cvt.rn.f16x2.e4m3x2), activations f16 with a power-of-two
 // scale per 64-k chunk, block scale applied to each 64-k partial sum in fp32. INT4: nibble -> exact
 // bf16(q * s) (the weight_at value), activations bf16. Only the activations are rounded.
 #include "backend/gpu/gpu_decode_tc.h"
@@ -9,25 +9,17 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backend/gpu/gpu_device.cuh"
+#include "backend/gpu/gpu_decode_tc.cuh"
 #include "core/status.h"
-
-#if MLA_GPU_CUDA
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
-#include "backend/gpu/gpu_mma.cuh"
-#endif
 
 namespace mla::gpu {
 
+using decode_tc::chunk_k;
+using decode_tc::kActChunk;
+
 namespace {
 
-constexpr int64_t kActChunk = 64;  // k per activation scale (FP8 path) = rows per CTA
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
-// k per lane-quad chunk (4 lanes x 16 bytes): 64 fp8 or 128 int4 weights of one row.
-constexpr int64_t chunk_k(MoeFormat f) { return f == MoeFormat::FP8 ? 64 : 128; }
 
 // Scratch: x16 [tokens, hidden] u16 | x_inv [tokens, hidden / 64] f32 | h16 [pairs, inter] u16 |
 // h_inv [pairs, inter / 64] f32, each piece 256-byte aligned (16-byte rows: hidden, inter % 64 == 0).
@@ -56,37 +48,6 @@ bool moe_tc_shape_ok(MoeFormat format, int64_t hidden, int64_t inter) {
 size_t moe_tc_scratch_bytes(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
   return tc_layout(tokens, pairs, hidden, inter).total;
 }
-
-bool dense_tc_shape_ok(MoeFormat format, int64_t in, int64_t out) {
-  if (format != MoeFormat::FP8 && format != MoeFormat::I4_BF16) return false;
-  return in > 0 && out > 0 && in % chunk_k(format) == 0 && out % kActChunk == 0 && out / kActChunk <= 65535;
-}
-
-// Resident CTAs per SM (the kernel's __launch_bounds__ minimum). FP8 dense (decode-time linear): 4
-// (<= 128 registers, no spills) for more loads in flight: ncu of the o_proj call at 3 (133 registers)
-// showed 10 warps per SM, 67% of stalls on global loads, DRAM 41% busy. INT4 dense would spill at
-// 128, and the MoE instantiations keep 3.
-constexpr int dense_tc_min_blocks(MoeFormat format, bool dense) { return dense && format == MoeFormat::FP8 ? 4 : 3; }
-
-DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out) {
-  // A CTA's time is set by the loads it keeps in flight rather than by its share of the bytes, so the
-  // grid should fill the resident slots (dense_tc_min_blocks per SM, 132 SMs on an H200)
-  // without a small second wave, yet keep >= 2 CTAs per SM's worth of loads. Measured with ncu on
-  // the H200 (2026-11-30, batch 1, DeepSeek-V3 FP8, mean per call over a step): the 10 layers with
-  // 7168 outputs (112 row CTAs: o_proj, MLP down, shared-expert down) 52.1 us at 5 splits (560 CTAs,
-  // 1.4 waves) vs 50.1 us at 3 (336 CTAs); MLP gate/up 7168 -> 18432 (288 row CTAs) 66.4 us at 2
-  // splits (576) vs 74.8 us at 1 (288: too few loads in flight). Hence
-  // max(2, floor(resident slots / row CTAs)) splits, at most 32 and at least one chunk each. Depends on the
-  // shape only (the same for every T and every replay).
-  const int64_t kWaveCtas = dense_tc_min_blocks(format, true) * 132, kMaxSplits = 32;
-  const int64_t row_ctas = out / kActChunk, chunks = in / chunk_k(format);
-  const int64_t want =
-      std::clamp<int64_t>(std::max<int64_t>(2, kWaveCtas / row_ctas), 1, std::min(chunks, kMaxSplits));
-  const int64_t per = (chunks + want - 1) / want;
-  return {(chunks + per - 1) / per, per};
-}
-
-size_t dense_tc_act_bytes(int64_t rows, int64_t in) { return tc_layout(rows, 0, in, 0).h16; }
 
 #if MLA_GPU_CUDA
 
@@ -127,63 +88,11 @@ struct TcOut {
   int64_t h_stride;
   float* h_inv;         // gate/up, FP8: [pairs, inter / 64]
   int64_t h_inv_stride;
-  float* y;             // down: [pairs, hidden] by pair index (dense: [tokens, out] by token)
+  float* y;             // down: [pairs, hidden] by pair index
   int64_t y_stride;
-  int64_t y_split_stride;  // dense with split K: elements between the partial planes of the splits
 };
 
-// A dense layer as the kernel's one "expert": weight w, tokens 0..cols-1 in order, and the K range
-// of split blockIdx.x = chunks [x * chunks_per_split, + chunks_per_split). With heads > 1 (per-head
-// matvecs, the MLA absorption), blockIdx.z = head h uses weight rows from h * w_head_rows, reads
-// activation row t * heads + h and writes y at t * y_stride + h * y_head_stride.
-struct TcDense {
-  DeviceWeight w;
-  int cols;
-  int64_t chunks_per_split;
-  int heads;
-  int64_t w_head_rows, y_head_stride;
-};
-
-// INT4 B storage order: logical k = 8 c + j sits at 8 c + 2 (j % 4) + j / 4, i.e. a group of 8 is
-// stored (x0, x4, x1, x5, x2, x6, x3, x7) so that 32-bit word p holds the pair (x_p, x_{p+4}) that
-// the nibble extraction ((w >> 4p) & 0x000f000f) pairs in the A fragment.
-__device__ __forceinline__ int64_t act_pos_i4(int64_t k) {
-  const int j = int(k & 7);
-  return (k & ~int64_t(7)) | int64_t(((j & 3) << 1) | (j >> 2));
-}
-
-// scale = 2^s with max|v| * scale in [2^14, 2^15) (so f16 neither overflows nor loses range), inv =
-// 2^-s; both exact. Zero, NaN or inf max: s = 0. |s| <= 100 keeps both normal.
-__device__ __forceinline__ void pow2_scale(float amax, float& scale, float& inv) {
-  const int e = int((__float_as_uint(amax) >> 23) & 0xffu);  // biased exponent of the max
-  int s = (amax > 0.0f && e < 255) ? 14 - (max(e, 1) - 127) : 0;
-  s = min(max(s, -100), 100);
-  scale = __uint_as_float(uint32_t(127 + s) << 23);
-  inv = __uint_as_float(uint32_t(127 - s) << 23);
-}
-
-__device__ __forceinline__ uint16_t f16_bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
-
-__device__ __forceinline__ uint32_t word_of(const uint4& r, int i) {
-  return i == 0 ? r.x : i == 1 ? r.y : i == 2 ? r.z : r.w;
-}
-
-// Two e4m3 (low byte -> low half) as an exact f16x2.
-__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
-
-using mma::fma_bf16x2;
-
-// Nibbles p and p + 4 of `w` as the bf16x2 (bf16(q_p s), bf16(q_{p+4} s)), q = nibble - 8:
-// 0x4300 | n is exactly 128 + n; fma(., 1, -136) = q exactly; fma(q, s, -0) rounds the exact q s
-// once to bf16 = weight_at's round_scale_dtype(q * s) (sign of zero included). s2 = (s, s).
-__device__ __forceinline__ uint32_t int4x2_to_bf16x2(uint32_t w, int p, uint32_t s2) {
-  const uint32_t x = ((w >> (4 * p)) & 0x000f000fu) | 0x43004300u;
-  const uint32_t q = fma_bf16x2(x, 0x3f803f80u, 0xc308c308u);
-  return fma_bf16x2(q, s2, 0x80008000u);
-}
+using namespace decode_tc;  // act_pos_i4, pow2_scale, f16_bits, word_of, fp8x2_to_f16x2, int4x2_to_bf16x2
 
 // ---- prep: x rows -> 16-bit B rows ---------------------------------------------------------------
 // Grid (ceil(k / 64 / kWarps), rows); one warp per 64-element chunk, 2 elements per lane. ~us.
@@ -233,13 +142,9 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
 // and the f16 activation scale is constant per (column, 64-k chunk), so a chunk's 4 steps go into a
 // zeroed partial tmp and acc += tmp * (block scale x column inv). INT4: lane t's piece is exactly
 // group 4c + t of its rows, and the scale is folded into the A values.
-// Dense (kDense, down-shaped): grid (splits, out / 64); the CTA computes its rows over split x's K
-// range for every token and writes them to partial plane x (or y itself when there is one split).
-template <MoeFormat F, bool kGateUp, bool kDense>
-__global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F, kDense)) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
-                                                             TcAct act, int top_k, int64_t k_dim, TcOut out,
-                                                             TcDense dense) {
-  static_assert(!(kDense && kGateUp), "a dense layer is one matrix");
+template <MoeFormat F, bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
+                                                             TcAct act, int top_k, int64_t k_dim, TcOut out) {
   constexpr bool kFp8 = F == MoeFormat::FP8;
   constexpr int kMats = kGateUp ? 2 : 1;
   constexpr int kU = kGateUp ? 4 : 8;          // chunks whose weight loads are in flight together
@@ -249,30 +154,17 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F, kDense)) moe_
   constexpr int kRowUnit = kFp8 ? 1 : 4;       // bytes per data_stride unit
   __shared__ float colmax[kWarps][kCols];
 
-  // The CTA's matrices (gate, up or down of its expert; the dense weight), columns and K chunks.
+  // The CTA's matrices (gate, up or down of its expert), columns and K chunks.
+  if (int(blockIdx.x) >= plan.counters[0]) return;  // uniform per CTA: before any barrier
+  const int e = plan.active[blockIdx.x];
+  const DeviceExpert& ex = table[e];
   const DeviceWeight* wsel[kMats];
-  int begin = 0, end = 0;
-  int64_t c_begin = 0, c_end = k_dim / kChunkK;
-  if constexpr (kDense) {
-    wsel[0] = &dense.w;
-    end = dense.cols;
-    c_begin = int64_t(blockIdx.x) * dense.chunks_per_split;
-    c_end = min(c_end, c_begin + dense.chunks_per_split);
-  } else {
-    if (int(blockIdx.x) >= plan.counters[0]) return;  // uniform per CTA: before any barrier
-    const int e = plan.active[blockIdx.x];
-    const DeviceExpert& ex = table[e];
-    wsel[0] = kGateUp ? &ex.gate : &ex.down;
-    if constexpr (kMats > 1) wsel[1] = &ex.up;
-    begin = plan.offsets[e];
-    end = plan.offsets[e + 1];
-  }
+  wsel[0] = kGateUp ? &ex.gate : &ex.down;
+  if constexpr (kMats > 1) wsel[1] = &ex.up;
+  const int begin = plan.offsets[e], end = plan.offsets[e + 1];
+  const int64_t c_begin = 0, c_end = k_dim / kChunkK;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(blockIdx.y) * kCtaRows + warp * kTileM;
-  // Dense per-head matvecs: this CTA's head and its first weight row (a multiple of 128 for FP8, so
-  // the 128-row scale block stays uniform over the warp's 16 rows; the host checks it).
-  [[maybe_unused]] const int head = kDense ? int(blockIdx.z) : 0;
-  const int64_t wrow0 = kDense ? int64_t(head) * dense.w_head_rows : 0;
 
   const uint4* arow[kMats][2];                         // lane's piece of chunk 0, rows row0 + g (+8)
   [[maybe_unused]] const float* fp8_scale[kMats];       // FP8: the 128-row block's scale row
@@ -282,18 +174,17 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F, kDense)) moe_
     const DeviceWeight& w = *wsel[m];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t r = wrow0 + row0 + g + 8 * h;
+      const int64_t r = row0 + g + 8 * h;
       arow[m][h] = reinterpret_cast<const uint4*>(static_cast<const char*>(w.data) + r * w.data_stride * kRowUnit) + t;
       if constexpr (!kFp8) i4_scale[m][h] = static_cast<const uint16_t*>(w.scale) + r * w.scale_stride + t;
     }
-    if constexpr (kFp8) fp8_scale[m] = static_cast<const float*>(w.scale) + ((wrow0 + row0) / 128) * w.scale_stride;
+    if constexpr (kFp8) fp8_scale[m] = static_cast<const float*>(w.scale) + (row0 / 128) * w.scale_stride;
   }
 
   for (int p0 = begin; p0 < end; p0 += kCols) {  // uniform per CTA (same expert)
     const int ncols = min(kCols, end - p0);
     // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
     auto act_row = [&](int n) -> int64_t {
-      if constexpr (kDense) return int64_t(p0 + n) * dense.heads + head;
       return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n);
     };
     const uint4* brow = g < ncols ? reinterpret_cast<const uint4*>(act.data + act_row(g) * act.stride) + t * kBVec
@@ -416,13 +307,12 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F, kDense)) moe_
         }
       }
     } else {
-      float* y = out.y + (kDense ? int64_t(blockIdx.x) * out.y_split_stride + head * dense.y_head_stride : 0);
+      float* y = out.y;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int col = 2 * t + i % 2;
         if (col < ncols) {
-          const int64_t yrow = kDense ? int64_t(p0 + col) : int64_t(plan.sorted[p0 + col]);
-          y[yrow * out.y_stride + row0 + g + 8 * (i / 2)] = acc[0][i];
+          y[int64_t(plan.sorted[p0 + col]) * out.y_stride + row0 + g + 8 * (i / 2)] = acc[0][i];
         }
       }
     }
@@ -449,38 +339,16 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   o1.h_inv = h_inv;
   o1.h_inv_stride = ic;
   const dim3 g1(unsigned(a.slots), unsigned(ic));
-  moe_tc_kernel<F, true, false><<<g1, kThreads, 0, stream>>>(a.table, a.plan, TcAct{x16, a.hidden, x_inv, hc},
-                                                             a.top_k, a.hidden, o1, TcDense{});
+  moe_tc_kernel<F, true><<<g1, kThreads, 0, stream>>>(a.table, a.plan, TcAct{x16, a.hidden, x_inv, hc},
+                                                             a.top_k, a.hidden, o1);
   MLA_GPU_LAUNCH_CHECK();
 
   TcOut o2{};
   o2.y = a.y;
   o2.y_stride = a.hidden;
   const dim3 g2(unsigned(a.slots), unsigned(hc));
-  moe_tc_kernel<F, false, false><<<g2, kThreads, 0, stream>>>(a.table, a.plan, TcAct{h16, a.inter, h_inv, ic},
-                                                              a.top_k, a.inter, o2, TcDense{});
-  MLA_GPU_LAUNCH_CHECK();
-}
-
-template <MoeFormat F> void launch_dense_tc(const DenseTcArgs& a, Stream stream) {
-  constexpr bool kFp8 = F == MoeFormat::FP8;
-  const int64_t rows = int64_t(a.tokens) * a.heads;  // activation rows: token-major, then head
-  const TcLayout l = tc_layout(rows, 0, a.w.in, 0);
-  char* base = static_cast<char*>(a.scratch);
-  auto* x16 = reinterpret_cast<uint16_t*>(base + l.x16);
-  auto* x_inv = reinterpret_cast<float*>(base + l.x_inv);
-  const int64_t kc = a.w.in / kActChunk;
-  const dim3 gp(unsigned((kc + kWarps - 1) / kWarps), unsigned(rows));
-  moe_tc_prep_kernel<kFp8><<<gp, kThreads, 0, stream>>>(a.x, a.x_stride, a.w.in, x16, a.w.in, x_inv, kc);
-  MLA_GPU_LAUNCH_CHECK();
-  TcOut o{};
-  o.y = a.y;
-  o.y_stride = a.y_stride;
-  o.y_split_stride = a.y_split_stride;
-  const dim3 grid(unsigned(a.split.splits), unsigned(a.w.out / kActChunk), unsigned(a.heads));
-  const TcDense d{a.w, a.tokens, a.split.chunks_per_split, a.heads, a.w_head_rows, a.y_head_stride};
-  moe_tc_kernel<F, false, true><<<grid, kThreads, 0, stream>>>(nullptr, moe::Plan{}, TcAct{x16, a.w.in, x_inv, kc}, 1,
-                                                               a.w.in, o, d);
+  moe_tc_kernel<F, false><<<g2, kThreads, 0, stream>>>(a.table, a.plan, TcAct{h16, a.inter, h_inv, ic},
+                                                              a.top_k, a.inter, o2);
   MLA_GPU_LAUNCH_CHECK();
 }
 
@@ -501,23 +369,9 @@ void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream) {
   else launch_tc<MoeFormat::I4_BF16>(args, stream);
 }
 
-void dense_tc_launch(MoeFormat format, const DenseTcArgs& args, Stream stream) {
-  MLA_CHECK(dense_tc_shape_ok(format, args.w.in, args.w.out) && args.tokens > 0 && args.split.splits >= 1 &&
-                args.heads >= 1 && args.heads <= 65535 && int64_t(args.tokens) * args.heads <= 65535 &&
-                (args.heads == 1 || (args.split.splits == 1 && (format != MoeFormat::FP8 || args.w_head_rows % 128 == 0))),
-            "dense_tc_launch: format {} in {} out {} tokens {} heads {}", int(format), args.w.in, args.w.out,
-            args.tokens, args.heads);
-  if (format == MoeFormat::FP8) launch_dense_tc<MoeFormat::FP8>(args, stream);
-  else launch_dense_tc<MoeFormat::I4_BF16>(args, stream);
-}
-
 #else  // HIP: no mma.sync; the dispatcher never picks this path.
 
 bool moe_tc_device_ok() { return false; }
-
-void dense_tc_launch(MoeFormat, const DenseTcArgs&, Stream) {
-  MLA_CHECK(false, "dense_tc_launch: the tensor-core decode matvec needs a CUDA build");
-}
 
 void moe_tc_launch(MoeFormat, const MoeTcArgs&, Stream) {
   MLA_CHECK(false, "moe_tc_launch: tensor-core MoE decode needs a CUDA build");

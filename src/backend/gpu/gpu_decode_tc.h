@@ -41,15 +41,17 @@ size_t moe_tc_scratch_bytes(int64_t tokens, int64_t pairs, int64_t hidden, int64
 // above holds and `format` is the table's.
 void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream);
 
-// Dense layers: out[T, out] = x[T, in] W^T. Split K over `splits` CTA columns of
-// `chunks_per_split` 64-k (FP8) / 128-k (INT4) chunks each (dense_tc_split: from the shape only).
+// Dense layers (gpu_dense_tc.cu): out[T, out] = x[T, in] W^T in one launch. Split K over `splits`
+// CTA columns of `chunks_per_split` 64-k (FP8) / 128-k (INT4) chunks each (dense_tc_split: from the
+// shape only, so a token's sums never depend on the batch); the last CTA of a row block to finish
+// adds the partial planes in split order. The activations are rounded to 16 bits inside the kernel
+// (no prep pass, no activation scratch). Launched with programmatic dependent launch: the weight
+// loads of a call are issued before it waits for the previous kernel in the stream.
 struct DenseTcSplit {
   int64_t splits = 1, chunks_per_split = 0;
 };
 bool dense_tc_shape_ok(MoeFormat format, int64_t in, int64_t out);
 DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out);
-// Scratch for the 16-bit activation rows (and FP8 scales) of `rows` rows (tokens x heads) of width `in`.
-size_t dense_tc_act_bytes(int64_t rows, int64_t in);
 
 struct DenseTcArgs {
   DeviceWeight w;            // heads > 1: head h's matrix is rows [h * w_head_rows, + out) of w
@@ -60,12 +62,12 @@ struct DenseTcArgs {
   int64_t w_head_rows = 0;
   int64_t y_head_stride = 0; // elements between heads in y
   DenseTcSplit split;
-  void* scratch;             // dense_tc_act_bytes(tokens, in), 256-aligned
-  float* y;                  // splits == 1: out [tokens, out]; else partial planes [splits][tokens][out]
-  int64_t y_stride;          // elements per row of y
-  int64_t y_split_stride;    // elements between partial planes (splits > 1)
+  float* y;                  // out: row t at y + t * y_stride (+ h * y_head_stride)
+  int64_t y_stride;
+  float* partial = nullptr;     // splits > 1: dense_tc_partial_bytes of scratch
+  unsigned* tickets = nullptr;  // splits > 1: [w.out / 64] counters, zero between calls (left zero)
 };
-// Enqueues prep (x -> 16-bit) and the matvec. With splits > 1 the caller sums the planes in order.
+size_t dense_tc_partial_bytes(const DenseTcSplit& split, int64_t tokens, int64_t out);
 void dense_tc_launch(MoeFormat format, const DenseTcArgs& args, Stream stream);
 
 }  // namespace mla::gpu

@@ -10,6 +10,24 @@
 
 namespace mla::gpu {
 
+// ---- programmatic dependent launch ----------------------------------------------------------------
+// CUDA sm_90+ (no-ops below sm_90, on HIP, and in a grid launched without the PDL attribute).
+// pdl_wait: returns once every prerequisite grid has completed and its writes are visible.
+// pdl_trigger: once every CTA of this grid has called it (or exited), the next grid in the stream,
+// if launched with the attribute, may start. A grid that triggers only after its own wait therefore
+// lets its successor start only when its own predecessors are complete. A grid not launched with the
+// attribute may trigger at its very start: its successor still waits for all of it in pdl_wait.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // ---- scalar conversions (bit-exact with core/dtype.h) ---------------------------------------------
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 // Round to nearest even; NaN stays NaN.

@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(kWideThreads) rms_norm_kernel(const float* x, 
                                 const W* weight, int64_t w_stride, float eps, int64_t d, float* out,
                                 int64_t out_stride) {
   __shared__ double smem[kMaxWarps];
+  pdl_trigger();  // a successor launched with PDL (a decode matvec) may start its weight loads
   const int64_t t = blockIdx.x;
   const float* xr = x + t * x_stride;
   float* res = kAdd ? residual + t * res_stride : nullptr;
@@ -158,6 +159,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
     rms_norm_vec_kernel(const float* x, int64_t x_stride, float* residual, int64_t res_stride, const W* weight,
                         float eps, int d4, float* out, int64_t out_stride) {
   __shared__ double warp_sum_sq[kNormMaxWarps];
+  pdl_trigger();  // a successor launched with PDL (a decode matvec) may start its weight loads
   const int tid = int(threadIdx.x), nt = int(blockDim.x);
   const int64_t t = blockIdx.x;
   const float4* xr = reinterpret_cast<const float4*>(x + t * x_stride);
@@ -238,6 +240,7 @@ __global__ void copy_kernel(const uint32_t* src, uint32_t* dst, Nd4 nd, int64_t 
 // add: operands a, b, out. bytes: 12 per element.
 template <typename Index>
 __global__ void add_kernel(const float* a, const float* b, float* out, Nd4 nd, int64_t total) {
+  pdl_trigger();  // a successor launched with PDL (a decode matvec) may start its weight loads
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[3];
     nd4_offsets<Index>(nd, k, off, 3);
@@ -249,6 +252,7 @@ __global__ void add_kernel(const float* a, const float* b, float* out, Nd4 nd, i
 // one block would walk serially). bytes: 12 per element; out may alias gate (same-index read, write).
 __global__ void silu_mul_kernel(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, float* out,
                                 int64_t o_stride, int64_t d) {
+  pdl_trigger();  // a successor launched with PDL (a decode matvec) may start its weight loads
   const int64_t t = blockIdx.x;
   const float* g = gate + t * g_stride;
   const float* u = up + t * u_stride;

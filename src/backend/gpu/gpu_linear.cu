@@ -380,36 +380,24 @@ bool gemv_tc_device(GpuBackend& be) {
   return st.tc_device == 1;
 }
 
-// Split-K planes are summed by linear_gemv_reduce_kernel in split order (deterministic).
+// One launch (gpu_dense_tc.cu): split-K planes are summed in split order inside it (deterministic).
 void run_gemv_tc(GpuBackend& be, MoeFormat f, const float* x, int64_t ldx, int64_t T, const DeviceWeight& w,
                  float* out, int64_t ldo) {
-  const DenseTcSplit split = dense_tc_split(f, w.in, w.out);
-  const size_t act = (dense_tc_act_bytes(T, w.in) + 255) / 256 * 256;
-  const size_t planes = split.splits > 1 ? size_t(split.splits * T * w.out) * sizeof(float) : 0;
-  char* scratch = static_cast<char*>(be.linear_state().tc_scratch.get(be, act + planes));
   DenseTcArgs a;
   a.w = w;
   a.x = x;
   a.x_stride = ldx;
   a.tokens = int(T);
-  a.split = split;
-  a.scratch = scratch;
-  if (split.splits > 1) {
-    a.y = reinterpret_cast<float*>(scratch + act);
-    a.y_stride = w.out;
-    a.y_split_stride = T * w.out;
-  } else {
-    a.y = out;
-    a.y_stride = ldo;
-    a.y_split_stride = 0;
+  a.split = dense_tc_split(f, w.in, w.out);
+  a.y = out;
+  a.y_stride = ldo;
+  if (a.split.splits > 1) {
+    LinearState& st = be.linear_state();
+    a.partial = static_cast<float*>(st.tc_scratch.get(be, dense_tc_partial_bytes(a.split, T, w.out)));
+    // Zero-filled when (re)allocated; the kernel leaves every ticket at zero.
+    a.tickets = st.tc_tickets.get_as<unsigned>(be, size_t(w.out / 64));
   }
   dense_tc_launch(f, a, be.stream());
-  if (split.splits > 1) {
-    const int64_t total = T * w.out;
-    const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 4 * 132));
-    linear_gemv_reduce_kernel<<<blocks, 256, 0, be.stream()>>>(a.y, int(split.splits), int(T), w.out, out, ldo);
-    MLA_GPU_LAUNCH_CHECK();
-  }
 }
 
 void check_activation(const TensorView& v, const char* what) {

@@ -21,7 +21,8 @@ struct LinearState {
   Scratch scratch;                  // Blas path: split activations, partial products, workspace
   Scratch gemv_scratch;             // GEMV split-K partial sums [splits, T, out]
   Scratch dequant_scratch;          // DequantBlas: one chunk of weight rows as bf16 (<= 256 MiB)
-  Scratch tc_scratch;               // GemvTc: 16-bit x rows (+ FP8 scales), then split-K partial planes
+  Scratch tc_scratch;               // GemvTc: split-K partial planes [splits, T, out]
+  Scratch tc_tickets;               // GemvTc: a split-K ticket per 64-row block, zero between calls
   int tc_device = -1;               // GemvTc's device probe (sm_80+), -1 until first asked
   int64_t dequant_chunk_rows = 0;   // test override of the rows per chunk (0: by the budget)
   std::unique_ptr<BlasPlans> blas;  // null on HIP

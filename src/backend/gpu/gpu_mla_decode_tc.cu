@@ -411,6 +411,7 @@ __global__ void __launch_bounds__(kRank / 4) mla_decode_tc_combine_kernel(MlaDec
   const TokenRange tr = token_range(a, token);
   const int used = splits_in_use(max(0, (tr.limit + kKeys - 1) / kKeys), num_splits);
   pdl_wait();  // every CTA waits, also those that return: this grid's end implies its predecessor's
+  pdl_trigger();  // the next grid (expand_v's matvec) may start issuing its weight loads
   if (used == 1) return;
   const size_t rows = size_t(a.num_tokens) * size_t(a.num_heads);
   const size_t row = size_t(token) * size_t(a.num_heads) + size_t(head);
@@ -502,7 +503,7 @@ template <int M> void launch_attention(const MlaDecodeTcArgs& args, int splits, 
 // captured): it may start once every attention CTA has triggered, and waits for that grid in-kernel.
 void launch_combine(const MlaDecodeTcArgs& args, int splits, Stream stream) {
   launch_maybe_pdl(mla_decode_tc_combine_kernel, dim3(unsigned(args.num_heads), unsigned(args.num_tokens)),
-                   dim3(kRank / 4), true, stream, args, splits);
+                   dim3(kRank / 4), 0, true, stream, args, splits);
 }
 
 }  // namespace

@@ -72,35 +72,25 @@ __device__ __forceinline__ void prefetch_l2_bytes(const void* p, uint32_t bytes)
 #endif
 }
 
-// Programmatic dependent launch (sm_90+; no-ops below sm_90 and in a grid launched without the PDL
-// attribute). pdl_wait: returns once every prerequisite grid has completed and its writes are
-// visible. pdl_trigger: once every CTA of this grid has called it (or exited), the next grid in the
-// stream, if launched with the attribute, may start. A grid that triggers only after its own wait
-// therefore lets its successor start only when its own predecessors are complete.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
+// pdl_wait / pdl_trigger: gpu_device.cuh (portable: no-ops on HIP).
+using gpu::pdl_trigger;
+using gpu::pdl_wait;
 
-// Host: launches `kernel` on `stream`, with the programmatic-stream-serialization attribute when
-// `pdl` (the grid may then start before the previous kernel in the stream ends; the kernels order
-// themselves with pdl_wait / pdl_trigger). Stream capture records it as a programmatic edge. Argument
-// types are coerced to the kernel's parameter types (cudaLaunchKernelEx's template).
+// Host: launches `kernel` on `stream` with `smem_bytes` of dynamic shared memory, and with the
+// programmatic-stream-serialization attribute when `pdl` (the grid may then start before the
+// previous kernel in the stream ends; the kernels order themselves with pdl_wait / pdl_trigger).
+// Stream capture records it as a programmatic edge. Argument types are coerced to the kernel's
+// parameter types (cudaLaunchKernelEx's template).
 template <typename... KArgs, typename... Args>
-void launch_maybe_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, bool pdl, cudaStream_t stream, Args... args) {
+void launch_maybe_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes, bool pdl,
+                      cudaStream_t stream, Args... args) {
   cudaLaunchAttribute attr[1] = {};
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem_bytes;
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;

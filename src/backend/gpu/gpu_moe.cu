@@ -294,6 +294,7 @@ __global__ void moe_combine_kernel(const DeviceExpert* __restrict__ table, int n
                                    const float* __restrict__ w, int64_t w_stride, int top_k,
                                    const float* __restrict__ y, int64_t hidden, float* __restrict__ out,
                                    int64_t out_stride) {
+  pdl_trigger();  // a successor launched with PDL (a decode matvec) may start its weight loads
   const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (o >= hidden) return;
   const int64_t t = blockIdx.y;
