@@ -79,8 +79,8 @@ TEST(GpuParityMla, AbsorbQAndExpandV) {
   absorb_expand_case(rng, WeightKind::INT4_BF16, deepseek_mla_dims(16), 1);
 }
 
-// GemmPrecision::Bf16 with FP8 / INT4 kv_b: the tensor-core path (W_UK^T transposed per call for
-// absorb_q, FP8 only; W_UV's rows per head for expand_v). x is rounded once (f16 for FP8 with a
+// GemmPrecision::Bf16 with FP8 / INT4 kv_b: the tensor-core path (W_UK^T for absorb_q, FP8 only:
+// rebuilt per call for these weights, which live on another backend, and kept for a placed one; W_UV's rows per head for expand_v). x is rounded once (f16 for FP8 with a
 // power-of-two scale, bf16 for INT4), W exact, fp32 accumulation: within 2^-8 of sum|x w| <=
 // 2^-8 (K / 4 + 1) for |x| < 1, |w| <= 0.5 (K = d_n for absorb_q, r for expand_v). Shapes the path
 // refuses (d_n = 24) fall back to the exact kernels in the same mode.
@@ -127,6 +127,23 @@ TEST(GpuParityMla, AbsorbQAndExpandVTensorCoreBf16) {
       bf16->synchronize();
       EXPECT_TRUE(check_parity("mla_expand_v", name, ov, c.takes ? tol(r) : kGemmTol));
     }
+  // A kv_b placed on this backend itself (as a loaded model's is): the first call builds W_UK^T and
+  // keeps it, the later calls (fresh inputs, re-poisoned outputs) read the kept copy.
+  const ops::MlaDims d = deepseek_mla_dims(16);
+  const int64_t dn = d.qk_nope_head_dim, dr = d.qk_rope_head_dim, r = d.kv_lora_rank;
+  TwinWeight kv_b;
+  make_twin_weight(kv_b, rng, WeightKind::FP8, d.num_heads * (dn + d.v_head_dim), r);
+  ops::Weight own = kv_b.gpu;
+  own.data = bf16->place_weight(kv_b.host.w.data);
+  own.scale = bf16->place_weight(kv_b.host.w.scale);
+  for (int call = 0; call < 3; ++call) {
+    Twin q = twin_random(rng, DType::F32, {5, d.num_heads, dn + dr}).slice(2, 0, dn);
+    Twin qa = twin_output(DType::F32, {5, d.num_heads, r + dr}).slice(2, 0, r);
+    cpu_backend().mla_absorb_q(q.cpu, kv_b.cpu, d, qa.cpu);
+    bf16->mla_absorb_q(q.gpu, own, d, qa.gpu);
+    bf16->synchronize();
+    EXPECT_TRUE(check_parity("mla_absorb_q", fmt::format("FP8 H 16 T 5, placed kv_b, call {}", call), qa, tol(dn)));
+  }
 }
 
 // ---- absorbed attention --------------------------------------------------------------------------

@@ -72,6 +72,14 @@ TensorView GpuBackend::place_weight(const TensorView& host) {
   return v;
 }
 
+bool GpuBackend::is_placed(const void* p) const {
+  const char* c = static_cast<const char*>(p);
+  return std::any_of(placed_.begin(), placed_.end(), [c](const Buffer& b) {
+    const char* b0 = static_cast<const char*>(b.data());
+    return c >= b0 && c < b0 + b.size();
+  });
+}
+
 void GpuBackend::copy_from_host(const TensorView& dst, const void* src) {
   MLA_CHECK(!capturing_, "copy_from_host while recording a graph");
   MLA_CHECK(dst.is_contiguous(), "copy_from_host: destination {} is not contiguous", dst.describe());

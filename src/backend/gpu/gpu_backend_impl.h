@@ -31,6 +31,8 @@ class GpuBackend final : public ops::Backend {
   const GpuBackendOptions& options() const { return options_; }
   // True while a graph is being recorded: scratch must not grow, nothing may synchronize.
   bool capturing() const { return capturing_; }
+  // Whether `p` lies in memory place_weight allocated (never freed while this backend lives).
+  bool is_placed(const void* p) const;
 
   // memory and graphs (gpu_backend.cu)
   Buffer alloc(size_t bytes) override;

@@ -5,6 +5,8 @@
 // kv_lens, so a decode step run eagerly once sizes it for its captured replays.
 #pragma once
 
+#include <unordered_map>
+
 #include "backend/gpu/gpu_mla_decode_tc.h"
 #include "backend/gpu/gpu_scratch.h"
 
@@ -12,7 +14,12 @@ namespace mla::gpu {
 
 struct MlaState {
   Scratch scratch;
-  // absorb_q / expand_v on tensor cores (Bf16 mode): W_UK^T per call, then 16-bit activation rows.
+  // absorb_q on tensor cores (Bf16 mode): W_UK^T [H r, d_n] FP8 and its scales, one per kv_b_proj.
+  // uk_t holds them for weights placed by place_weight (keyed by the weight's data pointer: placed
+  // memory is never freed while the backend lives, so a key never names other bytes), built on the
+  // first eager call; any other weight (and a first call under capture) rebuilds them per call in
+  // tc_scratch.
+  std::unordered_map<const void*, Buffer> uk_t;
   Scratch tc_scratch;
   int tc_device = -1;  // sm_80+ probe, -1 until first asked
   // The absorbed decode's attention kernel on the tensor-core path (set_mla_decode_kernel): Auto in
