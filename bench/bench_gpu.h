@@ -29,6 +29,12 @@ void fill_random(const TensorView& v, uint64_t seed, float lo, float hi, gpu::St
 // A kernel that spins for about `microseconds`: enqueued before a timed batch so the host can queue
 // every repetition while the GPU is busy (the events then time kernels, not launch latency).
 void spin(gpu::Stream stream, double microseconds);
+// One launch of the dense-decode read-pattern probe (bench_gpu_device.cu): reads every byte of the
+// [rows, row_bytes] matrix at `w` once, `lanes_per_row` (4, 8 or 32) lanes per row per load, or
+// (-2, -3; CUDA) through a cp.async shared-memory ring of that many stages; K cut into `splits`
+// ranges; `sink` is a device word it may write.
+void row_read_probe(gpu::Stream stream, const void* w, int64_t rows, int64_t row_bytes, int lanes_per_row, int splits,
+                    unsigned* sink);
 
 // ---- host helpers (bench_gpu_util.cpp) ----------------------------------------------------------
 // Deterministic 64-bit hash (splitmix64 finalizer): the host PRNG, parallel by element index.

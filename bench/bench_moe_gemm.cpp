@@ -177,7 +177,9 @@ void bench_moe_prefill(Report& report, const Ceilings& c, const BenchOptions& o)
 // per call; ideal at 4.2 TB/s: o_proj 16384 -> 7168 (117 MB) 28 us, gate/up 7168 -> 18432 (132 MB)
 // 31 us, down 18432 -> 7168 (132 MB) 31 us, q_b 1536 -> 24576 (37.7 MB) 9 us, shared-expert down
 // 2048 -> 7168 (14.7 MB) 3.5 us. Each shape cycles through enough copies of its weight (>= 200 MB
-// together) that no call finds its weight in the 50 MB L2. Prep kernels (x -> f16) are included.
+// together) that no call finds its weight in the 50 MB L2. Each call is one launch (x rounded to 16
+// bits and split-K summed inside it); back-to-back calls overlap through programmatic dependent
+// launch, as consecutive layers of a decode step do.
 void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o) {
   struct Shape {
     const char* name;
@@ -217,6 +219,34 @@ void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o
                   fmt::format("{:.1f} MB, {} copies rotated", bytes / 1e6, n_copies),
                   fmt::format("tc {}x{} t{}", sh.in, sh.out, T)});
     }
+  }
+  // The read-pattern probe on the gate/up shape (18432 rows of 7168 bytes, two copies rotated): how
+  // much of copy bandwidth the matvec's grid and loads in flight reach with no arithmetic, for 64,
+  // 128 and 512 bytes of a row per load instruction and for a cp.async ring, at 1, 2 and 3 K splits.
+  {
+    constexpr int64_t kRows = 18432, kRowBytes = 7168;
+    DevTensor m0 = dev_tensor(*be, DType::U8, {kRows, kRowBytes});
+    DevTensor m1 = dev_tensor(*be, DType::U8, {kRows, kRowBytes});
+    DevTensor sink = dev_tensor(*be, DType::I32, {1});
+    fill_random(m0.view, 71, 0, 1, s);
+    fill_random(m1.view, 72, 0, 1, s);
+    be->synchronize();
+    const double bytes = double(kRows * kRowBytes);
+    for (const int lpr : {4, 8, 32, -2, -3})
+      for (const int splits : {1, 2, 3}) {
+        TimingPlan plan;
+        plan.max_reps = o.quick ? 20 : 100;
+        plan.budget_ms = o.quick ? 30 : 150;
+        const Timing tm = time_on_stream(s, plan, [&](int rep) {
+          row_read_probe(s, (rep % 2 ? m1 : m0).view.data, kRows, kRowBytes, lpr, splits,
+                         static_cast<unsigned*>(sink.view.data));
+        });
+        const std::string how = lpr > 0 ? fmt::format("{} B per row per load", 16 * lpr)
+                                        : fmt::format("cp.async ring of {} x 8 KB per warp", -lpr);
+        report.add({"dense_decode", fmt::format("read probe 18432 x 7168 B, {}, {} splits", how, splits),
+                    tm.median_ms, bytes / (tm.median_ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW", 0.0,
+                    "no arithmetic: the matvec's loads only", fmt::format("probe lpr{} s{}", lpr, splits)});
+      }
   }
   report.print("dense_decode");
 }
