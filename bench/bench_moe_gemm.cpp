@@ -208,16 +208,23 @@ void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o
       fill_random(x.view, 900 + uint64_t(T), -1, 1, s);
       be->synchronize();
       if (!gpu::linear_gemv_tc_supports(*be, copies.front())) continue;
-      TimingPlan plan;
-      plan.max_reps = o.quick ? 20 : 200;
-      plan.budget_ms = o.quick ? 50 : 400;
-      const Timing tm = time_on_stream(s, plan, [&](int rep) {
-        gpu::linear_with_path(*be, x.view, copies[size_t(rep) % copies.size()], out.view, gpu::LinearPath::GemvTc);
-      });
-      report.add({"dense_decode", fmt::format("{} FP8 {} -> {}, T {}, GemvTc", sh.name, sh.in, sh.out, T),
-                  tm.median_ms, bytes / (tm.median_ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW", 0.7,
-                  fmt::format("{:.1f} MB, {} copies rotated", bytes / 1e6, n_copies),
-                  fmt::format("tc {}x{} t{}", sh.in, sh.out, T)});
+      // T = 1 also at forced split counts (0: dense_tc_split's own), to tune that rule.
+      const std::vector<int64_t> splits = T == 1 && !o.quick ? std::vector<int64_t>{0, 2, 3, 4, 6, 8} : std::vector<int64_t>{0};
+      for (const int64_t forced : splits) {
+        gpu::linear_set_gemv_tc_splits(*be, forced);
+        TimingPlan plan;
+        plan.max_reps = o.quick ? 20 : 200;
+        plan.budget_ms = o.quick ? 50 : 400;
+        const Timing tm = time_on_stream(s, plan, [&](int rep) {
+          gpu::linear_with_path(*be, x.view, copies[size_t(rep) % copies.size()], out.view, gpu::LinearPath::GemvTc);
+        });
+        const std::string how = forced == 0 ? "" : fmt::format(", {} splits forced", forced);
+        report.add({"dense_decode", fmt::format("{} FP8 {} -> {}, T {}, GemvTc{}", sh.name, sh.in, sh.out, T, how),
+                    tm.median_ms, bytes / (tm.median_ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW",
+                    forced == 0 ? 0.7 : 0.0, fmt::format("{:.1f} MB, {} copies rotated", bytes / 1e6, n_copies),
+                    fmt::format("tc {}x{} t{} s{}", sh.in, sh.out, T, forced)});
+      }
+      gpu::linear_set_gemv_tc_splits(*be, 0);
     }
   }
   // The read-pattern probe on the gate/up shape (18432 rows of 7168 bytes, two copies rotated): how

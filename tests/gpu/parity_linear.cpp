@@ -180,15 +180,15 @@ TEST(GpuParityLinear, Bf16Precision) {
     }
 }
 
-// The tensor-core decode matvec (GemvTc; Auto's pick for FP8 / INT4-BF16-scale at T <= 16 in Bf16
-// mode): x rounded once (f16 for FP8, bf16 for INT4: within bf16_tol), W exact. Shapes: a few 64-row
-// CTAs and 2-5 K chunks, one 64-row CTA with the most K splits (32 x 1-2 chunks), DeepSeek's kv_a
-// (576 x 7168), and one 64-row CTA whose split's K range is larger than the kernel stages in shared
-// memory at 8 columns (98304 in: FP8 windows of 32 + 16 chunks, INT4 16 + 8); T across the 8-column
-// passes (1, 3, 8, 9, 16), strided (scalar x loads) and contiguous rows. The six calls per weight
-// reuse the split-K tickets, which each call must leave at zero: a stale ticket leaves the poisoned
-// output unwritten. Weights the path must refuse (odd in / out, INT4 with F32 scales) fall back:
-// Auto stays exact there.
+// The tensor-core decode matvec (GemvTc; Auto's pick for FP8, INT4-BF16-scale and BF16 at T <= 16
+// in Bf16 mode): x rounded once (f16 for FP8, bf16 otherwise: within bf16_tol), W exact. Shapes: a
+// few 64-row CTAs and 2-5 K chunks, one 64-row CTA with the most K splits (32 x 1-2 chunks),
+// DeepSeek's kv_a (576 x 7168), and one 64-row CTA whose split's K range is larger than the kernel
+// stages in shared memory (98304 in for FP8 and INT4, 49152 for BF16: several windows at 8
+// columns); T across the 8-column passes (1, 3, 8, 9, 16), strided (scalar x loads) and contiguous
+// rows. The six calls per weight reuse the split-K tickets, which each call must leave at zero: a
+// stale ticket leaves the poisoned output unwritten. Weights the path must refuse (odd in / out,
+// INT4 with F32 scales, F16) fall back: Auto stays exact there.
 TEST(GpuParityLinear, GemvTensorCore) {
   auto made = gpu::make_gpu_backend({.gemm_precision = gpu::GemmPrecision::Bf16});
   ASSERT_TRUE(made.is_ok()) << made.status().message();
@@ -201,7 +201,9 @@ TEST(GpuParityLinear, GemvTensorCore) {
   const Shape takes[] = {{WeightKind::FP8, 320, 192},       {WeightKind::FP8, 2560, 64},
                          {WeightKind::FP8, 7168, 576},      {WeightKind::INT4_BF16, 384, 128},
                          {WeightKind::INT4_BF16, 4096, 64}, {WeightKind::INT4_BF16, 1024, 320},
-                         {WeightKind::FP8, 98304, 64},      {WeightKind::INT4_BF16, 98304, 64}};
+                         {WeightKind::FP8, 98304, 64},      {WeightKind::INT4_BF16, 98304, 64},
+                         {WeightKind::BF16, 320, 192},      {WeightKind::BF16, 7168, 576},
+                         {WeightKind::BF16, 49152, 64}};
   int flip = 0;
   for (const Shape& sh : takes) {
     TwinWeight w;
@@ -211,7 +213,11 @@ TEST(GpuParityLinear, GemvTensorCore) {
       check_case(*bf16_be, sh.kind, w, rng, T, (flip++ & 1) != 0, LinearPath::GemvTc, bf16_tol(sh.in), " [bf16 mode]");
     check_case(*bf16_be, sh.kind, w, rng, 5, true, LinearPath::Auto, bf16_tol(sh.in), " [bf16 mode]");
   }
-  const Shape refuses[] = {{WeightKind::FP8, 300, 192}, {WeightKind::FP8, 320, 100}, {WeightKind::INT4_F32, 384, 128}};
+  const Shape refuses[] = {{WeightKind::FP8, 300, 192},
+                           {WeightKind::FP8, 320, 100},
+                           {WeightKind::INT4_F32, 384, 128},
+                           {WeightKind::BF16, 300, 192},
+                           {WeightKind::F16, 320, 192}};
   for (const Shape& sh : refuses) {
     TwinWeight w;
     make_twin_weight(w, rng, sh.kind, sh.out, sh.in);

@@ -20,8 +20,9 @@ namespace mla::gpu::decode_tc {
 
 constexpr int64_t kActChunk = 64;  // k per activation scale (FP8 path) = rows per CTA
 
-// k per lane-quad chunk (4 lanes x 16 bytes): 64 fp8 or 128 int4 weights of one row.
-constexpr int64_t chunk_k(MoeFormat f) { return f == MoeFormat::FP8 ? 64 : 128; }
+// k per lane-quad chunk (4 lanes x 16 bytes = 64 bytes of one row): 64 fp8, 32 bf16 (dense layers
+// only) or 128 int4 weights.
+constexpr int64_t chunk_k(MoeFormat f) { return f == MoeFormat::FP8 ? 64 : f == MoeFormat::BF16 ? 32 : 128; }
 
 #if MLA_GPU_CUDA
 

@@ -9,8 +9,8 @@
 //   - format FP8 (128x128 block scales) or I4_BF16 (group 32);
 //   - MoE: hidden and inter multiples of 64 (FP8) / 128 (INT4) (moe_tc_shape_ok); every held
 //     expert's rows 16-byte readable (MoeExpertTable::all_vec);
-//   - dense: in a multiple of 64 (FP8) / 128 (INT4), out a multiple of 64 (dense_tc_shape_ok); the
-//     weight's data and row starts 16-byte aligned (the caller checks).
+//   - dense: in a multiple of 64 (FP8) / 128 (INT4), out a multiple of 64, the weight's data and
+//     row starts 16-byte aligned, INT4 scale rows 8-byte aligned (dense_tc_weight_ok).
 // Any number of tokens works (8 token columns per pass; more re-stream the weights).
 #pragma once
 
@@ -51,7 +51,11 @@ struct DenseTcSplit {
   int64_t splits = 1, chunks_per_split = 0;
 };
 bool dense_tc_shape_ok(MoeFormat format, int64_t in, int64_t out);
+// The shape, plus 16-byte aligned data rows and (INT4) 8-byte aligned group-scale rows.
+bool dense_tc_weight_ok(MoeFormat format, const DeviceWeight& w);
 DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out);
+// K of width `in` cut into about `want` equal ranges of whole chunks (at most one per chunk).
+DenseTcSplit dense_tc_split_into(MoeFormat format, int64_t in, int64_t want);
 
 struct DenseTcArgs {
   DeviceWeight w;            // heads > 1: head h's matrix is rows [h * w_head_rows, + out) of w

@@ -1,9 +1,10 @@
 // Tensor-core decode matvec for dense layers, GemmPrecision::Bf16 (interface and constraint:
-// gpu_decode_tc.h): out[T, out] = x[T, in] W^T for FP8 (128x128 block scales) and INT4 (group 32,
-// BF16 scales) weights at T <= 16, and the per-head matvecs of MLA's absorption. Same number formats
-// and mma fragments as the MoE kernel (gpu_decode_tc.cu, whose comment holds the fragment proof):
-// FP8 weights -> exact f16, activations f16 with a power-of-two scale per 64-k chunk; INT4 -> exact
-// bf16(q * s), activations bf16.
+// gpu_decode_tc.h): out[T, out] = x[T, in] W^T for FP8 (128x128 block scales), INT4 (group 32,
+// BF16 scales) and BF16 weights at T <= 16, and the per-head matvecs of MLA's absorption. Same
+// number formats and mma fragments as the MoE kernel (gpu_decode_tc.cu, whose comment holds the
+// fragment proof): FP8 weights -> exact f16, activations f16 with a power-of-two scale per 64-k
+// chunk; INT4 -> exact bf16(q * s), activations bf16; BF16 weights as they are, activations bf16
+// (the cuBLASLt path's rounding at prefill sizes).
 //
 // Why a kernel of its own (measured on the H200 with ncu, 2026-11-30): the decode step's dense FP8
 // matvecs ran at ~50% of copy bandwidth, latency-bound (10-16 warps per SM, 67% of stalls on global
@@ -18,11 +19,11 @@
 //     in split order, so the result does not depend on which CTA finished last.
 //
 // Napkin math (DeepSeek-V3 o_proj, FP8 [7168, 16384], T = 1): 117.4 MB of weights + 0.9 MB of block
-// scales = 27.5 us at 4.3 TB/s; x is 64 KB (fp32), read once per split from L2. Per 16-byte weight
-// load a lane spends 8 cvt + 2 mma + ~3 FFMA + 2 shared loads: ~1 instruction per weight byte
-// against an issue budget of ~10. In flight: a warp issues 8 chunks x 2 rows x 16 B per lane (8 KB)
-// before consuming any; 4 CTAs x 4 warps per SM keep ~128 KB per SM requested, ~3x what a 4.3 TB/s
-// x ~1.5 us latency product needs.
+// scales = 27.5 us at 4.3 TB/s; x is 64 KB (fp32), read once per split from L2. Per 16 weight bytes
+// a lane spends 1 cp.async + 2 shared loads + 8 cvt + 2 mma + ~3 FFMA: ~1 instruction per weight
+// byte against an issue budget of ~10. In flight: each warp keeps one 8 KB burst (16 rows x 512 B)
+// streaming into its ring while it consumes the previous one; 3 CTAs x 4 warps per SM = 96 KB per
+// SM, ~1.5x what a 4.3 TB/s x ~1.5 us latency product needs.
 #include <algorithm>
 #include <cstdint>
 
@@ -37,33 +38,62 @@ using decode_tc::kActChunk;
 
 namespace {
 
-// Resident CTAs per SM (the kernel's __launch_bounds__ minimum). FP8: 4 (<= 128 registers, no
-// spills) for more loads in flight; INT4 spills at 128 and keeps 3.
-constexpr int dense_tc_min_blocks(MoeFormat format) { return format == MoeFormat::FP8 ? 4 : 3; }
+// Resident CTAs per SM, as shared memory allows (the kernel's __launch_bounds__ minimum): FP8 / BF16
+// 64 KB of weight ring + <= 10 KB of staged x per CTA, 3 per SM; INT4 adds 8 KB of scale ring, 2.
+constexpr int dense_tc_min_blocks(MoeFormat format) { return format == MoeFormat::I4_BF16 ? 2 : 3; }
+
+// Bytes per data_stride unit: FP8 1, BF16 2, INT4 4 (a word of 8 nibbles).
+constexpr int64_t row_unit(MoeFormat format) {
+  return format == MoeFormat::FP8 ? 1 : format == MoeFormat::BF16 ? 2 : 4;
+}
 
 }  // namespace
 
 bool dense_tc_shape_ok(MoeFormat format, int64_t in, int64_t out) {
-  if (format != MoeFormat::FP8 && format != MoeFormat::I4_BF16) return false;
+  if (format != MoeFormat::FP8 && format != MoeFormat::I4_BF16 && format != MoeFormat::BF16) return false;
   return in > 0 && out > 0 && in % chunk_k(format) == 0 && out % kActChunk == 0 && out / kActChunk <= 65535;
 }
 
+bool dense_tc_weight_ok(MoeFormat format, const DeviceWeight& w) {
+  const size_t row_bytes = size_t(w.data_stride) * size_t(row_unit(format));
+  const bool data = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && row_bytes % 16 == 0;
+  // INT4 group scales travel 8 bytes (one 128-k chunk's 4 groups) at a time.
+  const bool scale = format != MoeFormat::I4_BF16 ||
+                     (reinterpret_cast<uintptr_t>(w.scale) % 8 == 0 && w.scale_stride % 4 == 0);
+  return dense_tc_shape_ok(format, w.in, w.out) && data && scale;
+}
+
+DenseTcSplit dense_tc_split_into(MoeFormat format, int64_t in, int64_t want) {
+  const int64_t chunks = in / chunk_k(format), n = std::clamp<int64_t>(want, 1, std::max<int64_t>(chunks, 1));
+  const int64_t per = (chunks + n - 1) / n;
+  return {(chunks + per - 1) / per, per};
+}
+
 DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out) {
-  // A CTA's time is set by the loads it keeps in flight rather than by its share of the bytes, so the
-  // grid should fill the resident slots (dense_tc_min_blocks per SM, 132 SMs on an H200)
-  // without a small second wave, yet keep >= 2 CTAs per SM's worth of loads. Measured with ncu on
-  // the H200 (2026-11-30, batch 1, DeepSeek-V3 FP8, mean per call over a step, the three-launch
-  // kernel): the 10 layers with 7168 outputs (112 row CTAs: o_proj, MLP down, shared-expert down)
-  // 52.1 us at 5 splits (560 CTAs, 1.4 waves) vs 50.1 us at 3 (336 CTAs); MLP gate/up 7168 -> 18432
-  // (288 row CTAs) 66.4 us at 2 splits (576) vs 74.8 us at 1 (288: too few loads in flight). Hence
-  // max(2, floor(resident slots / row CTAs)) splits, at most 32 and at least one chunk each. Depends
-  // on the shape only (the same for every T and every replay: a token's sums are batch-invariant).
+  // Each CTA streams its rows' K range at a rate set by the loads it keeps in flight, so a grid's
+  // time is its number of waves (dense_tc_min_blocks per SM x 132 SMs on an H200) more than its
+  // bytes: the last, partial wave runs at a fraction of the bandwidth. The rule takes the fewest
+  // splits (at least 2, at most 32 and one chunk each) whose grid fills its waves to >= 80%, else
+  // the fullest. Measured on the H200 (2026-11-30, batch 1, bench dense-decode's forced splits, %
+  // of copy bandwidth): gate/up 7168 -> 18432 (288 row CTAs) 63 / 65 / 71 / 64 / 66 at 2 / 3 / 4 / 6
+  // / 8 splits (4: 1152 CTAs = 2.9 waves of 396); o_proj 16384 -> 7168 and down 18432 -> 7168 (112)
+  // best at 3 (67%, 70%; 4 splits = 1.13 waves: 53%); q_b 1536 -> 24576 (384) best at 2 (41%).
+  // Depends on the shape only (the same for every T and every replay: a token's sums are
+  // batch-invariant).
   const int64_t kWaveCtas = dense_tc_min_blocks(format) * 132, kMaxSplits = 32;
   const int64_t row_ctas = out / kActChunk, chunks = in / chunk_k(format);
-  const int64_t want =
-      std::clamp<int64_t>(std::max<int64_t>(2, kWaveCtas / row_ctas), 1, std::min(chunks, kMaxSplits));
-  const int64_t per = (chunks + want - 1) / want;
-  return {(chunks + per - 1) / per, per};
+  auto layout = [&](int64_t want) { return dense_tc_split_into(format, in, want); };
+  auto fill = [&](const DenseTcSplit& sp) {
+    const int64_t ctas = sp.splits * row_ctas, waves = (ctas + kWaveCtas - 1) / kWaveCtas;
+    return double(ctas) / double(waves * kWaveCtas);
+  };
+  DenseTcSplit best = layout(std::min<int64_t>(2, chunks));
+  for (int64_t want = 2; want <= std::min(chunks, kMaxSplits); ++want) {
+    const DenseTcSplit sp = layout(want);
+    if (fill(sp) >= 0.8) return sp;
+    if (fill(sp) > fill(best)) best = sp;
+  }
+  return best;
 }
 
 size_t dense_tc_partial_bytes(const DenseTcSplit& split, int64_t tokens, int64_t out) {
@@ -80,9 +110,9 @@ constexpr int kWarps = 4, kThreads = kWarps * 32;  // CUDA-only file: mma.sync w
 constexpr int kTileM = 16;                          // weight rows per warp (one m16 tile)
 constexpr int kCtaRows = kWarps * kTileM;           // 64: one FP8 activation chunk of output rows
 constexpr int kCols = 8;                            // token columns per pass (mma n)
-constexpr int kU = 8;                               // chunks whose weight loads are in flight together
+constexpr int kU = 8;                               // chunks per burst (one ring stage)
 constexpr int kStageU = 4;                          // float4 loads per thread in flight while staging
-constexpr size_t kStageBudget = 40 * 1024;          // dynamic shared memory per CTA (4 per SM fit)
+constexpr size_t kStageBudget = 10 * 1024;          // staged x per CTA (next to the ring: 3 CTAs per SM)
 static_assert(kCtaRows == kActChunk, "a CTA's 64 rows lie in one 128-row FP8 scale block");
 static_assert(kWarpSize == 32, "mma.sync fragments assume 32-lane warps");
 
@@ -124,8 +154,9 @@ __host__ __device__ constexpr StageLayout stage_layout(MoeFormat f, int window, 
 
 // Rounds x[k range [c0, c0 + nwc) chunks] of columns p0 .. p0 + ncols - 1 to the kernel's 16-bit
 // B rows in shared memory, exactly as the MoE prep pass does: FP8 path f16(v * 2^s) with one
-// power-of-two scale per 64-k chunk of a row; INT4 path bf16(v) stored in act_pos_i4 order. A
-// half-warp covers one 64-k chunk (16 lanes x float4), so the chunk's max is a 4-step xor shuffle.
+// power-of-two scale per 64-k chunk of a row; INT4 path bf16(v) stored in act_pos_i4 order; BF16
+// path bf16(v) in order. A half-warp covers 64 k (16 lanes x float4), so an FP8 chunk's max is a
+// 4-step xor shuffle.
 template <MoeFormat F>
 __device__ __forceinline__ void stage_x(const DenseTcParams& p, const StageLayout& l, uint16_t* s_act, float* s_inv,
                                         int p0, int ncols, int head, int64_t c0, int nwc) {
@@ -162,6 +193,12 @@ __device__ __forceinline__ void stage_x(const DenseTcParams& p, const StageLayou
           *reinterpret_cast<uint2*>(row + k) = make_uint2(lo, hi);
           if ((lane & 15) == 0) s_inv[n * p.window + k / kActChunk] = inv;
         }
+      } else if constexpr (F == MoeFormat::BF16) {
+        if (e < total) {
+          const uint32_t lo = uint32_t(f32_to_bf16_bits(v[u].x)) | (uint32_t(f32_to_bf16_bits(v[u].y)) << 16);
+          const uint32_t hi = uint32_t(f32_to_bf16_bits(v[u].z)) | (uint32_t(f32_to_bf16_bits(v[u].w)) << 16);
+          *reinterpret_cast<uint2*>(row + k) = make_uint2(lo, hi);
+        }
       } else if (e < total) {
         row[act_pos_i4(k)] = f32_to_bf16_bits(v[u].x);
         row[act_pos_i4(k + 1)] = f32_to_bf16_bits(v[u].y);
@@ -172,25 +209,53 @@ __device__ __forceinline__ void stage_x(const DenseTcParams& p, const StageLayou
   }
 }
 
+// Per warp, kStages bursts of its 16 rows x kU chunks (64 bytes of a row per chunk in both formats):
+// 8 KB of weight bytes a stage, plus (INT4) the 16 rows' group scales of those chunks (1 KB).
+constexpr int kStages = 2;
+constexpr int kStageU4 = kTileM * kU * 4;     // uint4 per weight stage: 16 rows x 32 pieces
+constexpr int kScaleU16 = kTileM * kU * 4;    // INT4 scales per stage: 16 rows x 8 chunks x 4 groups
+constexpr size_t ring_bytes(MoeFormat f) {
+  return size_t(kWarps) * kStages * (size_t(kStageU4) * 16 + (f == MoeFormat::I4_BF16 ? size_t(kScaleU16) * 2 : 0));
+}
+// Piece p (16 bytes) of row r of a stage sits at unit 32 r + (p ^ swz(r)): a B-fragment read (rows
+// g and g + 8, pieces 4u + t) then touches 8 distinct 16-byte bank groups per quarter warp.
+__device__ __forceinline__ int swz(int r) { return (r & 1) << 2; }
+
 // Grid (splits, out / 64, heads); warp w owns the m16 tile of output rows 64 blockIdx.y + 16 w of
 // head blockIdx.z's matrix, over split blockIdx.x's chunks, for every token (8 columns per pass;
-// a second pass re-streams the weights). See gpu_decode_tc.cu for the fragment layout.
+// a second pass re-streams the weights). See gpu_decode_tc.cu for the fragment layout: lane (g, t)
+// takes piece t of each 64-byte chunk of rows g and g + 8.
+//
+// Weights reach the mma through a per-warp ring of shared memory filled by cp.async (one row's 512
+// contiguous bytes per instruction, no registers held while in flight): the warp issues burst
+// b + kStages - 1 before it consumes burst b, so HBM keeps streaming while it converts and
+// multiplies. (The register-burst kernel this replaced issued 8 chunks, waited, consumed, and only
+// then issued again: 52-64% of copy bandwidth where the same loads with no arithmetic reach 83-89%,
+// bench dense-decode's read probe, H200 2026-11-30.)
 template <MoeFormat F>
 __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_kernel(const DenseTcParams p) {
-  constexpr bool kFp8 = F == MoeFormat::FP8;
+  constexpr bool kFp8 = F == MoeFormat::FP8, kI4 = F == MoeFormat::I4_BF16;
   constexpr int kChunkK = int(chunk_k(F));
-  constexpr int kBVec = kChunkK / 32;     // uint4 of 16-bit activations per lane per chunk
-  constexpr int kSteps = kChunkK / 16;    // mma k16 steps per chunk
-  constexpr int kRowUnit = kFp8 ? 1 : 4;  // bytes per data_stride unit
-  extern __shared__ uint4 dense_tc_smem[];
-  __shared__ unsigned s_last;
+  constexpr int kBVec = kChunkK / 32 > 0 ? kChunkK / 32 : 1;  // uint4 of 16-bit activations per lane per chunk
+  constexpr int kSteps = kChunkK / 16;                        // mma k16 steps per chunk
+  constexpr int64_t kRowUnit = row_unit(F);
+  // No static __shared__ in this kernel: it would precede the dynamic block and shift the ring off
+  // 128-byte alignment, and a cp.async whose shared destination is not sector-aligned with its
+  // global source moves each 32-byte sector in two pieces (ncu, H200: 2x the L2 sectors and 3x the
+  // shared wavefronts of the aligned copy).
+  extern __shared__ __align__(128) uint4 dense_tc_smem[];
   const StageLayout l = stage_layout(F, p.window, p.stage_cols);
   char* smem = reinterpret_cast<char*>(dense_tc_smem);
-  uint16_t* s_act = reinterpret_cast<uint16_t*>(smem);
-  [[maybe_unused]] float* s_inv = reinterpret_cast<float*>(smem + l.inv_off);
-  [[maybe_unused]] float* s_scale = reinterpret_cast<float*>(smem + l.scale_off);
-
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  uint4* ring = dense_tc_smem + warp * kStages * kStageU4;
+  [[maybe_unused]] uint16_t* sring =
+      reinterpret_cast<uint16_t*>(smem + size_t(kWarps) * kStages * kStageU4 * 16) + warp * kStages * kScaleU16;
+  char* stage_base = smem + ring_bytes(F);
+  uint16_t* s_act = reinterpret_cast<uint16_t*>(stage_base);
+  [[maybe_unused]] float* s_inv = reinterpret_cast<float*>(stage_base + l.inv_off);
+  [[maybe_unused]] float* s_scale = reinterpret_cast<float*>(stage_base + l.scale_off);
+  unsigned* s_last = reinterpret_cast<unsigned*>(stage_base + l.bytes);  // the split-K ticket's verdict
+
   const int head = int(blockIdx.z);
   const int64_t out = p.w.out;
   const int64_t cta_row0 = int64_t(blockIdx.y) * kCtaRows, row0 = cta_row0 + warp * kTileM;
@@ -198,115 +263,162 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_ker
   const int64_t wrow0 = int64_t(head) * p.w_head_rows;
   const int64_t c_begin = int64_t(blockIdx.x) * p.chunks_per_split;
   const int64_t c_end = min(p.w.in / kChunkK, c_begin + p.chunks_per_split);
-
-  const uint4* arow[2];                         // lane's piece of chunk 0, rows row0 + g (+8)
-  [[maybe_unused]] const uint16_t* i4_scale[2];  // INT4: group t of rows row0 + g (+8)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r = wrow0 + row0 + g + 8 * h;
-    arow[h] = reinterpret_cast<const uint4*>(static_cast<const char*>(p.w.data) + r * p.w.data_stride * kRowUnit) + t;
-    if constexpr (!kFp8) i4_scale[h] = static_cast<const uint16_t*>(p.w.scale) + r * p.w.scale_stride + t;
-  }
+  const char* wbase = static_cast<const char*>(p.w.data) + (wrow0 + row0) * p.w.data_stride * kRowUnit;
+  [[maybe_unused]] const uint16_t* i4_scale =
+      kI4 ? static_cast<const uint16_t*>(p.w.scale) + (wrow0 + row0) * p.w.scale_stride : nullptr;
   [[maybe_unused]] const float* fp8_scale =
       kFp8 ? static_cast<const float*>(p.w.scale) + ((wrow0 + cta_row0) / 128) * p.w.scale_stride : nullptr;
 
-  uint4 a[kU][2];
-  [[maybe_unused]] uint32_t sbits[kU][2];  // INT4: bf16 bits of the lane's group scale
-  // Every weight load of chunks [c0, c0 + kU) below `lim`, before any is consumed.
-  auto issue = [&](int64_t c0, int64_t lim) {
+  // Burst order, the same for every warp: pass (8 token columns) -> window -> kU-chunk bursts.
+  struct Cursor {
+    int p0;
+    int64_t w0, c0;
+  };
+  auto window_end = [&](int64_t w0) { return min(c_end, w0 + int64_t(p.window)); };
+  auto advance = [&](Cursor& k) {
+    k.c0 += kU;
+    if (k.c0 < window_end(k.w0)) return;
+    k.w0 += p.window;
+    k.c0 = k.w0;
+    if (k.w0 < c_end) return;
+    k.p0 += kCols;
+    k.w0 = c_begin;
+    k.c0 = c_begin;
+  };
+  // Issues burst `ic` into its stage and commits one group (an empty one past the last burst, so
+  // every thread's group count stays uniform for cp_async_wait).
+  Cursor ic{0, c_begin, c_begin};
+  int64_t issued = 0;
+  auto issue = [&]() {
+    if (ic.p0 < p.tokens) {
+      const int64_t lim = window_end(ic.w0);
+      const int stage = int(issued % kStages);
+      uint4* st = ring + stage * kStageU4;
+      const int64_t c = ic.c0 + lane / 4;  // this lane's chunk; piece lane % 4 of it
+      const int bytes = c < lim ? 16 : 0;
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t c = c0 + u;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        a[u][h] = c < lim ? __ldcs(arow[h] + 4 * c) : make_uint4(0u, 0u, 0u, 0u);
-        if constexpr (!kFp8) sbits[u][h] = c < lim ? uint32_t(i4_scale[h][4 * c]) : 0u;
+      for (int r = 0; r < kTileM; ++r) {
+        const char* src = wbase + int64_t(r) * p.w.data_stride * kRowUnit + (bytes ? ic.c0 * 64 + lane * 16 : 0);
+        mma::cp_async16(mma::smem_addr(st + r * 32 + (lane ^ swz(r))), src, bytes);
       }
+      if constexpr (kI4) {
+        uint16_t* sst = sring + stage * kScaleU16;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {  // 16 rows x 8 chunks of 4 group scales, 8 bytes each
+          const int q = lane + 32 * j, r = q / kU, pc = q % kU;
+          const int64_t cc = ic.c0 + pc;
+          const uint16_t* src = i4_scale + int64_t(r) * p.w.scale_stride + (cc < lim ? 4 * cc : 0);
+          mma::cp_async8(mma::smem_addr(sst + r * (kU * 4) + pc * 4), src, cc < lim ? 8 : 0);
+        }
+      }
+      advance(ic);
+      ++issued;
     }
+    mma::cp_async_commit();
   };
 
-  // The weights are constant, so the first burst is issued before the previous kernel is waited on.
-  const int64_t first_lim = min(c_end, c_begin + int64_t(p.window));
-  issue(c_begin, first_lim);
-  mma::pdl_wait();     // every CTA waits: this grid's end implies its predecessor's
-  mma::pdl_trigger();  // the next grid may start (and issue its own weights) once all CTAs are here
-  bool burst_ready = true;
+  // The weights are constant, so the first bursts are issued before the previous kernel is waited on.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue();
+  pdl_wait();     // every CTA waits: this grid's end implies its predecessor's
+  pdl_trigger();  // the next grid may start (and issue its own weights) once all CTAs are here
 
-  for (int p0 = 0; p0 < p.tokens; p0 += kCols) {  // uniform per CTA
-    const int ncols = min(kCols, p.tokens - p0);
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t w0 = c_begin; w0 < c_end; w0 += p.window) {
-      const int nwc = int(min(int64_t(p.window), c_end - w0));
-      const int64_t w_end = w0 + nwc;
-      __syncthreads();  // the previous window's readers are done
-      stage_x<F>(p, l, s_act, s_inv, p0, ncols, head, w0, nwc);
+  Cursor cc{0, c_begin, c_begin};
+  int64_t consumed = 0;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  while (cc.p0 < p.tokens) {  // uniform per CTA
+    const int ncols = min(kCols, p.tokens - cc.p0);
+    const int64_t w_end = window_end(cc.w0);
+    if (cc.c0 == cc.w0) {  // a window starts: stage its x (all warps reach this together)
+      __syncthreads();     // the previous window's readers are done
+      stage_x<F>(p, l, s_act, s_inv, cc.p0, ncols, head, cc.w0, int(w_end - cc.w0));
       if constexpr (kFp8)
-        for (int i = tid; i <= int((w_end - 1) / 2 - w0 / 2); i += kThreads) s_scale[i] = fp8_scale[w0 / 2 + i];
+        for (int i = tid; i <= int((w_end - 1) / 2 - cc.w0 / 2); i += kThreads) s_scale[i] = fp8_scale[cc.w0 / 2 + i];
       __syncthreads();
-      const uint16_t* srow = s_act + g * l.row_u16 + t * (kChunkK / 4);
-      for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
-        if (!burst_ready) issue(c0, w_end);
-        burst_ready = false;
+    }
+    mma::cp_async_wait<kStages - 2>();  // burst `consumed` has landed (this lane's copies)
+    __syncwarp();                       // ... and every lane's; the stage refilled below is free
+    issue();
+    const int stage = int(consumed % kStages);
+    const uint4* st = ring + stage * kStageU4;
+    [[maybe_unused]] const uint16_t* sst = sring + stage * kScaleU16;
+    const uint16_t* srow = s_act + g * l.row_u16 + t * (kChunkK / 4);
 #pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const int64_t c = c0 + u;
-          if (c >= w_end) continue;  // warp-uniform; only in a window's last burst
-          const int lc = int(c - w0);
-          uint4 b[kBVec];
+    for (int u = 0; u < kU; ++u) {
+      const int64_t c = cc.c0 + u;
+      if (c >= w_end) continue;  // warp-uniform; only in a window's last burst
+      const int lc = int(c - cc.w0);
+      const uint4 a0 = st[g * 32 + ((4 * u + t) ^ swz(g))];
+      const uint4 a1 = st[(g + 8) * 32 + ((4 * u + t) ^ swz(g + 8))];
+      uint4 b[kBVec];
 #pragma unroll
-          for (int i = 0; i < kBVec; ++i)
-            b[i] = g < ncols ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
-          if constexpr (kFp8) {
-            const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * p.window + lc] : 0.0f;
-            const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * p.window + lc] : 0.0f;
-            float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int i = 0; i < kBVec; ++i)
+        b[i] = g < ncols ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+      if constexpr (kFp8) {
+        const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * p.window + lc] : 0.0f;
+        const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * p.window + lc] : 0.0f;
+        float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int s = 0; s < kSteps; ++s) {
-              const uint32_t lo = word_of(a[u][0], s), hi = word_of(a[u][1], s);
-              const uint32_t af[4] = {fp8x2_to_f16x2(lo), fp8x2_to_f16x2(hi), fp8x2_to_f16x2(lo >> 16),
-                                      fp8x2_to_f16x2(hi >> 16)};
-              mma::mma_f16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
-            }
-            const float sw = s_scale[c / 2 - w0 / 2];  // k block (64 c) / 128
-            const float f0 = sw * inv0, f1 = sw * inv1;
-            acc[0] = fmaf(tmp[0], f0, acc[0]);
-            acc[1] = fmaf(tmp[1], f1, acc[1]);
-            acc[2] = fmaf(tmp[2], f0, acc[2]);
-            acc[3] = fmaf(tmp[3], f1, acc[3]);
-          } else {
-            const uint32_t s_lo = sbits[u][0] | (sbits[u][0] << 16);
-            const uint32_t s_hi = sbits[u][1] | (sbits[u][1] << 16);
+        for (int s = 0; s < kSteps; ++s) {
+          const uint32_t lo = word_of(a0, s), hi = word_of(a1, s);
+          const uint32_t af[4] = {fp8x2_to_f16x2(lo), fp8x2_to_f16x2(hi), fp8x2_to_f16x2(lo >> 16),
+                                  fp8x2_to_f16x2(hi >> 16)};
+          mma::mma_f16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
+        }
+        const float sw = s_scale[c / 2 - cc.w0 / 2];  // k block (64 c) / 128
+        const float f0 = sw * inv0, f1 = sw * inv1;
+        acc[0] = fmaf(tmp[0], f0, acc[0]);
+        acc[1] = fmaf(tmp[1], f1, acc[1]);
+        acc[2] = fmaf(tmp[2], f0, acc[2]);
+        acc[3] = fmaf(tmp[3], f1, acc[3]);
+      } else if constexpr (F == MoeFormat::BF16) {
+        // Step s: words 2s (kk 2t, 2t+1) and 2s+1 (kk 2t+8, 2t+9) of the lane's 8 k, in A and B alike.
 #pragma unroll
-            for (int s = 0; s < kSteps; ++s) {
-              const int wd = s / 2, h = s % 2;
-              const uint32_t lo = word_of(a[u][0], wd), hi = word_of(a[u][1], wd);
-              const uint32_t af[4] = {int4x2_to_bf16x2(lo, 2 * h, s_lo), int4x2_to_bf16x2(hi, 2 * h, s_hi),
-                                      int4x2_to_bf16x2(lo, 2 * h + 1, s_lo), int4x2_to_bf16x2(hi, 2 * h + 1, s_hi)};
-              mma::mma_bf16(acc, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
-            }
-          }
+        for (int s = 0; s < kSteps; ++s) {
+          const uint32_t af[4] = {word_of(a0, 2 * s), word_of(a1, 2 * s), word_of(a0, 2 * s + 1), word_of(a1, 2 * s + 1)};
+          mma::mma_bf16(acc, af, word_of(b[0], 2 * s), word_of(b[0], 2 * s + 1));
+        }
+      } else {
+        const uint32_t b_lo = sst[g * (kU * 4) + 4 * u + t], b_hi = sst[(g + 8) * (kU * 4) + 4 * u + t];
+        const uint32_t s_lo = b_lo | (b_lo << 16), s_hi = b_hi | (b_hi << 16);
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+          const int wd = s / 2, h = s % 2;
+          const uint32_t lo = word_of(a0, wd), hi = word_of(a1, wd);
+          const uint32_t af[4] = {int4x2_to_bf16x2(lo, 2 * h, s_lo), int4x2_to_bf16x2(hi, 2 * h, s_hi),
+                                  int4x2_to_bf16x2(lo, 2 * h + 1, s_lo), int4x2_to_bf16x2(hi, 2 * h + 1, s_hi)};
+          mma::mma_bf16(acc, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
         }
       }
     }
-    // acc[i] is row row0 + g + 8 (i / 2), column p0 + 2t + i % 2 (valid when 2t + i % 2 < ncols).
+    ++consumed;
+    Cursor next = cc;
+    advance(next);
+    if (next.p0 != cc.p0) {
+      // The pass is done: acc[i] is row row0 + g + 8 (i / 2), column p0 + 2t + i % 2.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int col = 2 * t + i % 2;
-      if (col >= ncols) continue;
-      const int64_t row = row0 + g + 8 * (i / 2);
-      if (p.splits == 1) p.y[int64_t(p0 + col) * p.y_stride + head * p.y_head_stride + row] = acc[i];
-      else p.partial[(int64_t(blockIdx.x) * p.tokens + p0 + col) * out + row] = acc[i];
+      for (int i = 0; i < 4; ++i) {
+        const int col = 2 * t + i % 2;
+        if (col < ncols) {
+          const int64_t row = row0 + g + 8 * (i / 2);
+          if (p.splits == 1) p.y[int64_t(cc.p0 + col) * p.y_stride + head * p.y_head_stride + row] = acc[i];
+          else p.partial[(int64_t(blockIdx.x) * p.tokens + cc.p0 + col) * out + row] = acc[i];
+        }
+        acc[i] = 0.0f;
+      }
     }
+    cc = next;
   }
+  mma::cp_async_wait<0>();  // only empty groups remain; leave none in flight at exit
   if (p.splits == 1) return;
 
   // Split K: the row block's last CTA (ticket) sums the planes in split order (0 + s0 + s1 + ...,
   // like the reduce pass it replaces) and leaves the ticket at 0 for the next call or replay.
   __threadfence();  // this CTA's partials are visible before its ticket
   __syncthreads();
-  if (tid == 0) s_last = atomicAdd(&p.tickets[blockIdx.y], 1u) == unsigned(p.splits - 1) ? 1u : 0u;
+  if (tid == 0) *s_last = atomicAdd(&p.tickets[blockIdx.y], 1u) == unsigned(p.splits - 1) ? 1u : 0u;
   __syncthreads();
-  if (s_last == 0u) return;
+  if (*s_last == 0u) return;
   __threadfence();  // every other CTA's partials are visible to the loads below
   for (int p0 = 0; p0 < p.tokens; p0 += kCols) {
     const int ncols = min(kCols, p.tokens - p0);
@@ -348,7 +460,8 @@ template <MoeFormat F> void launch_dense(const DenseTcArgs& a, Stream stream) {
   p.y_stride = a.y_stride;
   p.partial = a.partial;
   p.tickets = a.tickets;
-  const size_t smem = stage_layout(F, window, p.stage_cols).bytes;
+  const size_t smem = ring_bytes(F) + stage_layout(F, window, p.stage_cols).bytes + 16;  // + s_last
+  MLA_GPU_CHECK(cudaFuncSetAttribute(dense_tc_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned(a.split.splits), unsigned(a.w.out / kActChunk), unsigned(a.heads));
   mma::launch_maybe_pdl(dense_tc_kernel<F>, grid, dim3(kThreads), smem, true, stream, p);
 }
@@ -357,12 +470,13 @@ template <MoeFormat F> void launch_dense(const DenseTcArgs& a, Stream stream) {
 
 void dense_tc_launch(MoeFormat format, const DenseTcArgs& args, Stream stream) {
   const bool split_ok = args.split.splits == 1 || (args.heads == 1 && args.partial != nullptr && args.tickets != nullptr);
-  MLA_CHECK(dense_tc_shape_ok(format, args.w.in, args.w.out) && args.tokens > 0 && args.split.splits >= 1 &&
+  MLA_CHECK(dense_tc_weight_ok(format, args.w) && args.tokens > 0 && args.split.splits >= 1 &&
                 args.split.splits <= 65535 && args.heads >= 1 && args.heads <= 65535 && split_ok &&
                 (args.heads == 1 || format != MoeFormat::FP8 || args.w_head_rows % 128 == 0),
             "dense_tc_launch: format {} in {} out {} tokens {} heads {} splits {}", int(format), args.w.in,
             args.w.out, args.tokens, args.heads, args.split.splits);
   if (format == MoeFormat::FP8) launch_dense<MoeFormat::FP8>(args, stream);
+  else if (format == MoeFormat::BF16) launch_dense<MoeFormat::BF16>(args, stream);
   else launch_dense<MoeFormat::I4_BF16>(args, stream);
 }
 

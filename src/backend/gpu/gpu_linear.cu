@@ -367,10 +367,11 @@ void run_gemv(GpuBackend& be, const float* x, int64_t ldx, int64_t T, const Devi
 // GemvTc's format for `w`, or nullopt when the path does not take it (format, shape, alignment).
 std::optional<MoeFormat> gemv_tc_format(const DeviceWeight& w) {
   MoeFormat f;
-  if (w.format == ops::WeightFormat::Fp8Block128) f = MoeFormat::FP8;
+  if (w.format == ops::WeightFormat::Dense && w.data_dtype == DType::BF16) f = MoeFormat::BF16;
+  else if (w.format == ops::WeightFormat::Fp8Block128) f = MoeFormat::FP8;
   else if (w.format == ops::WeightFormat::Int4Group32 && w.scale_dtype == DType::BF16) f = MoeFormat::I4_BF16;
   else return std::nullopt;
-  if (!dense_tc_shape_ok(f, w.in, w.out) || gemv_format(w) == GemvFmt::Scalar) return std::nullopt;  // 16-byte rows
+  if (!dense_tc_weight_ok(f, w)) return std::nullopt;
   return f;
 }
 
@@ -389,6 +390,7 @@ void run_gemv_tc(GpuBackend& be, MoeFormat f, const float* x, int64_t ldx, int64
   a.x_stride = ldx;
   a.tokens = int(T);
   a.split = dense_tc_split(f, w.in, w.out);
+  if (const int64_t forced = be.linear_state().tc_splits; forced > 0) a.split = dense_tc_split_into(f, w.in, forced);
   a.y = out;
   a.y_stride = ldo;
   if (a.split.splits > 1) {
@@ -497,6 +499,12 @@ void linear_with_path(ops::Backend& backend, const TensorView& x, const ops::Wei
     case LinearPath::Auto: break;
   }
   run_generic(*be, x.as<const float>(), ldx, T, dw, out.as<float>(), ldo);
+}
+
+void linear_set_gemv_tc_splits(ops::Backend& backend, int64_t splits) {
+  auto* be = dynamic_cast<GpuBackend*>(&backend);
+  MLA_CHECK(be != nullptr && splits >= 0, "linear_set_gemv_tc_splits: not a GPU backend or splits {} < 0", splits);
+  be->linear_state().tc_splits = splits;
 }
 
 bool linear_gemv_tc_supports(ops::Backend& backend, const ops::Weight& w) {

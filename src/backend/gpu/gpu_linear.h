@@ -17,8 +17,8 @@ enum class LinearPath : uint8_t {
   TensorCore,  // mma.sync with in-smem dequantization (FP8, INT4 BF16/F32 scale; CUDA only)
   DequantBlas, // FP8/INT4 rows dequantized to a bf16 scratch chunk, then Blas (CUDA only): Bf16
                // precision rounds W to bf16 once; Fp32 splits W into 3 exact bf16 terms (9 products)
-  GemvTc,      // tensor-core weight-streaming decode (gpu_decode_tc.h: FP8 / INT4 BF16 scale, CUDA
-               // sm_80+, shape and alignment constraint); x rounded once to f16 (FP8) / bf16 (INT4).
+  GemvTc,      // tensor-core weight-streaming decode (gpu_decode_tc.h: FP8 / INT4 BF16 scale / BF16,
+               // CUDA sm_80+, shape and alignment constraint); x rounded once to f16 (FP8) / bf16.
                // Auto takes it for T <= 16 in GemmPrecision::Bf16 where it applies, else Gemv.
 };
 
@@ -50,5 +50,8 @@ bool linear_dequant_blas(GpuBackend& backend, const TensorView& x, const ops::We
 // Test knob: caps the weight rows the DequantBlas path dequantizes per chunk on `backend` (a
 // GpuBackend), so small shapes exercise the chunk loop; 0 restores the scratch-budget default.
 void linear_set_dequant_chunk_rows(ops::Backend& backend, int64_t rows);
+// Bench knob: GemvTc cuts K into `splits` ranges on `backend` (clamped to the chunks K has) instead of
+// dense_tc_split's count; 0 restores the default. Sums then depend on it (tuning only).
+void linear_set_gemv_tc_splits(ops::Backend& backend, int64_t splits);
 
 }  // namespace mla::gpu

@@ -25,6 +25,7 @@ struct LinearState {
   Scratch tc_tickets;               // GemvTc: a split-K ticket per 64-row block, zero between calls
   int tc_device = -1;               // GemvTc's device probe (sm_80+), -1 until first asked
   int64_t dequant_chunk_rows = 0;   // test override of the rows per chunk (0: by the budget)
+  int64_t tc_splits = 0;            // bench override of GemvTc's split count (0: dense_tc_split)
   std::unique_ptr<BlasPlans> blas;  // null on HIP
 };
 

@@ -256,7 +256,9 @@ std::optional<MoeFormat> absorb_tc_format(GpuBackend& be, const ops::Weight& kv_
     const bool shape = transposed ? dense_tc_shape_ok(MoeFormat::FP8, dn, r) : dense_tc_shape_ok(MoeFormat::FP8, r, dv);
     if (aligned && blocks && shape && w.data_stride % 16 == 0) return MoeFormat::FP8;
   } else if (!transposed && w.format == ops::WeightFormat::Int4Group32 && w.scale_dtype == DType::BF16) {
-    if (aligned && dense_tc_shape_ok(MoeFormat::I4_BF16, r, dv) && (w.data_stride * 4) % 16 == 0)
+    // expand_v reads head h's W_UV from row h (dn + dv) + dn: those rows' scales must stay 8-byte aligned.
+    const bool scales = reinterpret_cast<uintptr_t>(w.scale) % 8 == 0 && w.scale_stride % 4 == 0;
+    if (aligned && scales && dense_tc_shape_ok(MoeFormat::I4_BF16, r, dv) && (w.data_stride * 4) % 16 == 0)
       return MoeFormat::I4_BF16;
   }
   return std::nullopt;

@@ -58,6 +58,7 @@ constexpr int kStages = 4;              // cp.async ring depth (3 steps of laten
 constexpr int kThreads = 128;           // 4 warps in 2 (m) x 2 (n); mma.sync warps are 32 lanes
 static_assert(kBM == 64 && kBN == 128 && kThreads == 128, "the loaders and warp tiles assume these");
 
+using mma::cp_async_wait;
 using mma::fma_bf16x2;
 
 // Bytes 0, 1 (lo) or 2, 3 (hi) of `w` (e4m3 codes) as an exact bf16x2. The bits placed as
@@ -99,11 +100,6 @@ __global__ void moe_grouped_tc_prep_kernel(const float* __restrict__ x, int64_t 
 // n0 + r - 64; down rows are n0 + r.
 template <bool kGateUp> __device__ __forceinline__ int64_t b_row(int64_t n0, int r) {
   return kGateUp ? n0 + (r & 63) : n0 + r;
-}
-
-// At most N of this thread's cp.async groups still pending.
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Dynamic shared memory of one CTA, in bytes. Every global load is a cp.async into a kStages ring
