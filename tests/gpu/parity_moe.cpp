@@ -279,12 +279,11 @@ std::unique_ptr<ops::Backend> make_bf16_backend() {
 }
 
 // Shapes the kernel takes (FP8: H, I % 64; INT4: % 128): a single 64-row CTA and K chunks fewer than
-// one double-buffered step (192 x 64), partial 128 x 128 scale blocks in both dims (FP8 320 x 576:
-// 2.5 k blocks, 4.5 row blocks), several chunks and CTAs (INT4 384 x 256, 640 x 384); T = 1, 2, 3,
-// 8, 16 with experts missing from the rank, strided x / out at T = 3. At these sizes the gate/up pass
-// splits K over 2-8 CTAs (few row blocks; pairs <= 64), with a short last split at FP8 H 704 (11
-// chunks: 6 splits of 2, 2, 2, 2, 2, 1) and INT4 H 1152 (9 chunks: 5 splits), except the one-chunk
-// shapes (FP8 H 64, INT4 H 128: no split) and Auto T = 17 (grouped GEMM).
+// one weight burst (192 x 64), partial 128 x 128 scale blocks in both dims (FP8 320 x 576: 2.5 k
+// blocks, 4.5 row blocks), several chunks and CTAs (INT4 384 x 256, 640 x 384), a last burst that is
+// short (FP8 H 704: 11 chunks, INT4 H 1152: 9), one-chunk shapes (FP8 H 64, INT4 H 128); T = 1, 2,
+// 3, 8, 16 with experts missing from the rank, strided x / out at T = 3, and Auto T = 17 (grouped
+// GEMM).
 TEST(GpuParityMoe, TensorCoreDecodeBf16) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
@@ -314,9 +313,8 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16) {
   }
 }
 
-// More than 8 pairs per expert (several 8-column passes, a partial last one; T = 16 and 13 with the
-// gate/up split K, whose last CTA reduces every pass) and the decode path forced at T = 111 (up to
-// ~75 pairs on one of 3 experts, 222 pairs: no split), top-1 and top-2.
+// More than 8 pairs per expert (several 8-column passes, a partial last one; T = 16 and 13) and the
+// decode path forced at T = 111 (up to ~75 pairs on one of 3 experts, 222 pairs), top-1 and top-2.
 TEST(GpuParityMoe, TensorCoreDecodeBf16Crowded) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
@@ -331,8 +329,8 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16Crowded) {
 }
 
 // The DeepSeek-V3 expert shape on the tensor-core path (the bench's shape), one expert missing:
-// T = 1, 2, 8, 16 top-2 run the gate/up split K (2-32 pairs on <= 4 held experts: S = 8 at
-// 112 / 56 chunks); T = 40 (80 pairs > 64) the unsplit kernel.
+// T = 1, 2 stage the whole K of their columns in shared memory; T = 8, 16, 40 (8 columns) stage it a
+// window at a time (FP8 gate/up 28 of 112 chunks, down 24 of 32; INT4 12 of 56, 8 of 16).
 TEST(GpuParityMoe, TensorCoreDecodeBf16DeepSeekShape) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);

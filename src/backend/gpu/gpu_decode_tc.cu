@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
                                                              int64_t out_stride, float* __restrict__ inv,
                                                              int64_t inv_stride) {
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  pdl_trigger();  // the gate/up kernel (launched with PDL) may start its weight loads
   const int64_t c = int64_t(blockIdx.x) * kWarps + warp;
   if (c * kActChunk >= k_dim) return;  // whole warps; no barrier below
   const int64_t row = blockIdx.y, k = c * kActChunk + 2 * lane;
@@ -142,28 +143,66 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
 // and the f16 activation scale is constant per (column, 64-k chunk), so a chunk's 4 steps go into a
 // zeroed partial tmp and acc += tmp * (block scale x column inv). INT4: lane t's piece is exactly
 // group 4c + t of its rows, and the scale is folded into the A values.
+//
+// The B columns of a pass are copied into shared memory a window of chunks at a time (whole K when
+// it fits kMoeStageBudget: DeepSeek-V3's experts up to batch 2), with their FP8 activation scales and the CTA's 128-row
+// block scales, so the consume loop's only global loads are the streamed weights. (Reading them from
+// L2 inside the loop, one dependent round trip per chunk, held the dense twin of this kernel at
+// 50-60% of copy bandwidth; gpu_dense_tc.cu.) Both launches use programmatic dependent launch: the
+// plan was complete before the preceding prep kernel started, so a CTA reads it and issues its
+// first weight burst before pdl_wait; x16 / h16 are read only after it.
+template <MoeFormat F, bool kGateUp> constexpr int moe_tc_burst() { return kGateUp ? 4 : 8; }
+
+// Shared memory of one CTA for `window` chunks of `cols` columns: colmax [kWarps][kCols] f32 |
+// B [cols][window K + 8] u16 (rows 16 bytes apart modulo 128) | inv [cols][window] f32 (FP8) |
+// block scales [2][window / 2 + 2] f32 (FP8).
+struct MoeStage {
+  int row_u16;
+  size_t b_off, inv_off, ws_off, bytes;
+};
+__host__ __device__ constexpr MoeStage moe_stage(MoeFormat f, int window, int cols) {
+  MoeStage l{};
+  l.row_u16 = window * int(chunk_k(f)) + 8;
+  l.b_off = size_t(kWarps) * kCols * 4;
+  l.inv_off = l.b_off + size_t(cols) * size_t(l.row_u16) * 2;
+  const bool fp8 = f == MoeFormat::FP8;
+  l.ws_off = l.inv_off + (fp8 ? size_t(cols) * size_t(window) * 4 : 0);
+  l.bytes = l.ws_off + (fp8 ? size_t(2) * size_t(window / 2 + 2) * 4 : 0);
+  return l;
+}
+constexpr size_t kMoeStageBudget = 32 * 1024;  // 3 CTAs per SM keep 96 KB; whole K up to batch 2
+
 template <MoeFormat F, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
-                                                             TcAct act, int top_k, int64_t k_dim, TcOut out) {
+                                                             TcAct act, int top_k, int64_t k_dim, TcOut out,
+                                                             int window, int stage_cols) {
   constexpr bool kFp8 = F == MoeFormat::FP8;
   constexpr int kMats = kGateUp ? 2 : 1;
-  constexpr int kU = kGateUp ? 4 : 8;          // chunks whose weight loads are in flight together
+  constexpr int kU = moe_tc_burst<F, kGateUp>();  // chunks whose weight loads are in flight together
   constexpr int kChunkK = int(chunk_k(F));
   constexpr int kBVec = kChunkK / 32;          // uint4 of 16-bit activations per lane per chunk
   constexpr int kSteps = kChunkK / 16;         // mma k16 steps per chunk
   constexpr int kRowUnit = kFp8 ? 1 : 4;       // bytes per data_stride unit
-  __shared__ float colmax[kWarps][kCols];
+  extern __shared__ __align__(128) unsigned char moe_tc_smem[];
+  const MoeStage sl = moe_stage(F, window, stage_cols);
+  float (*colmax)[kCols] = reinterpret_cast<float (*)[kCols]>(moe_tc_smem);
+  uint16_t* s_b = reinterpret_cast<uint16_t*>(moe_tc_smem + sl.b_off);
+  [[maybe_unused]] float* s_inv = reinterpret_cast<float*>(moe_tc_smem + sl.inv_off);
+  [[maybe_unused]] float* s_ws = reinterpret_cast<float*>(moe_tc_smem + sl.ws_off);
 
   // The CTA's matrices (gate, up or down of its expert), columns and K chunks.
-  if (int(blockIdx.x) >= plan.counters[0]) return;  // uniform per CTA: before any barrier
+  if (int(blockIdx.x) >= plan.counters[0]) {  // uniform per CTA: before any barrier
+    pdl_wait();  // every CTA waits: this grid's end implies its predecessor's
+    return;
+  }
   const int e = plan.active[blockIdx.x];
   const DeviceExpert& ex = table[e];
   const DeviceWeight* wsel[kMats];
   wsel[0] = kGateUp ? &ex.gate : &ex.down;
   if constexpr (kMats > 1) wsel[1] = &ex.up;
   const int begin = plan.offsets[e], end = plan.offsets[e + 1];
-  const int64_t c_begin = 0, c_end = k_dim / kChunkK;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int64_t c_end = k_dim / kChunkK;
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(blockIdx.y) * kCtaRows + warp * kTileM;
 
   const uint4* arow[kMats][2];                         // lane's piece of chunk 0, rows row0 + g (+8)
@@ -181,18 +220,34 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
     if constexpr (kFp8) fp8_scale[m] = static_cast<const float*>(w.scale) + (row0 / 128) * w.scale_stride;
   }
 
+  uint4 a[kU][kMats][2];
+  [[maybe_unused]] uint32_t sbits[kU][kMats][2];  // INT4: bf16 bits of the lane's group scale
+  // Issues every weight load of chunks [c0, c0 + kU) below `lim` before any is consumed.
+  auto issue = [&](int64_t c0, int64_t lim) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t c = c0 + u;
+#pragma unroll
+      for (int m = 0; m < kMats; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          a[u][m][h] = c < lim ? __ldcs(arow[m][h] + 4 * c) : make_uint4(0u, 0u, 0u, 0u);
+          if constexpr (!kFp8) sbits[u][m][h] = c < lim ? uint32_t(i4_scale[m][h][4 * c]) : 0u;
+        }
+    }
+  };
+  // The weights are constant and the plan was complete before the prep kernel started.
+  issue(0, min(c_end, int64_t(window)));
+  pdl_wait();
+  pdl_trigger();  // the next grid (down after gate/up) may start issuing its own weights
+  bool burst_ready = true;
+
   for (int p0 = begin; p0 < end; p0 += kCols) {  // uniform per CTA (same expert)
     const int ncols = min(kCols, end - p0);
     // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
     auto act_row = [&](int n) -> int64_t {
       return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n);
     };
-    const uint4* brow = g < ncols ? reinterpret_cast<const uint4*>(act.data + act_row(g) * act.stride) + t * kBVec
-                                  : nullptr;
-    const float* inv_row[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      inv_row[j] = kFp8 && 2 * t + j < ncols ? act.inv + act_row(2 * t + j) * act.inv_stride : nullptr;
 
     float acc[kMats][4];
 #pragma unroll
@@ -200,62 +255,75 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][i] = 0.0f;
 
-    for (int64_t c0 = c_begin; c0 < c_end; c0 += kU) {
-      // Issue every weight load of kU chunks before consuming any.
-      uint4 a[kU][kMats][2];
-      [[maybe_unused]] uint32_t sbits[kU][kMats][2];  // INT4: bf16 bits of the lane's group scale
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int64_t c = c0 + u;
-#pragma unroll
-        for (int m = 0; m < kMats; ++m)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            a[u][m][h] = c < c_end ? __ldcs(arow[m][h] + 4 * c) : make_uint4(0u, 0u, 0u, 0u);
-            if constexpr (!kFp8) sbits[u][m][h] = c < c_end ? uint32_t(i4_scale[m][h][4 * c]) : 0u;
-          }
-      }
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int64_t c = c0 + u;
-        if (c >= c_end) continue;  // warp-uniform; only in the last step
-        uint4 b[kBVec];
-#pragma unroll
-        for (int i = 0; i < kBVec; ++i)
-          b[i] = brow != nullptr ? __ldg(brow + c * (4 * kBVec) + i) : make_uint4(0u, 0u, 0u, 0u);
+    for (int64_t w0 = 0; w0 < c_end; w0 += window) {
+      const int64_t w_end = min(c_end, w0 + int64_t(window));
+      const int nwc = int(w_end - w0);
+      __syncthreads();  // the previous window's (or column group's) readers are done
+      {
+        const int per_col = nwc * kChunkK / 8;  // uint4 of 16-bit activations per column
+        for (int i = tid; i < ncols * per_col; i += kThreads) {
+          const int n = i / per_col, j = i - n * per_col;
+          *reinterpret_cast<uint4*>(s_b + n * sl.row_u16 + 8 * j) =
+              *reinterpret_cast<const uint4*>(act.data + act_row(n) * act.stride + w0 * kChunkK + 8 * j);
+        }
         if constexpr (kFp8) {
-          const float inv0 = inv_row[0] != nullptr ? __ldg(inv_row[0] + c) : 0.0f;
-          const float inv1 = inv_row[1] != nullptr ? __ldg(inv_row[1] + c) : 0.0f;
-#pragma unroll
-          for (int m = 0; m < kMats; ++m) {
-            float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int s = 0; s < kSteps; ++s) {
-              const uint32_t lo = word_of(a[u][m][0], s), hi = word_of(a[u][m][1], s);
-              const uint32_t af[4] = {fp8x2_to_f16x2(lo), fp8x2_to_f16x2(hi), fp8x2_to_f16x2(lo >> 16),
-                                      fp8x2_to_f16x2(hi >> 16)};
-              mma::mma_f16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
-            }
-            const float sw = __ldg(fp8_scale[m] + c / 2);  // k block (64 c) / 128
-            const float f0 = sw * inv0, f1 = sw * inv1;
-            acc[m][0] = fmaf(tmp[0], f0, acc[m][0]);
-            acc[m][1] = fmaf(tmp[1], f1, acc[m][1]);
-            acc[m][2] = fmaf(tmp[2], f0, acc[m][2]);
-            acc[m][3] = fmaf(tmp[3], f1, acc[m][3]);
+          for (int i = tid; i < ncols * nwc; i += kThreads) {
+            const int n = i / nwc, j = i - n * nwc;
+            s_inv[n * window + j] = act.inv[act_row(n) * act.inv_stride + w0 + j];
           }
-        } else {
+          const int nb = int((w_end - 1) / 2 - w0 / 2 + 1);
+          for (int i = tid; i < kMats * nb; i += kThreads)
+            s_ws[(i / nb) * (window / 2 + 2) + i % nb] = fp8_scale[i / nb][w0 / 2 + i % nb];
+        }
+      }
+      __syncthreads();
+      const uint16_t* srow = s_b + g * sl.row_u16 + t * (kChunkK / 4);
+      for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
+        if (!burst_ready) issue(c0, w_end);
+        burst_ready = false;
 #pragma unroll
-          for (int m = 0; m < kMats; ++m) {
-            const uint32_t s_lo = sbits[u][m][0] | (sbits[u][m][0] << 16);
-            const uint32_t s_hi = sbits[u][m][1] | (sbits[u][m][1] << 16);
+        for (int u = 0; u < kU; ++u) {
+          const int64_t c = c0 + u;
+          if (c >= w_end) continue;  // warp-uniform; only in a window's last burst
+          const int lc = int(c - w0);
+          uint4 b[kBVec];
 #pragma unroll
-            for (int s = 0; s < kSteps; ++s) {
-              const int wd = s / 2, h = s % 2;
-              const uint32_t lo = word_of(a[u][m][0], wd), hi = word_of(a[u][m][1], wd);
-              const uint32_t af[4] = {int4x2_to_bf16x2(lo, 2 * h, s_lo), int4x2_to_bf16x2(hi, 2 * h, s_hi),
-                                      int4x2_to_bf16x2(lo, 2 * h + 1, s_lo), int4x2_to_bf16x2(hi, 2 * h + 1, s_hi)};
-              mma::mma_bf16(acc[m], af, word_of(b[(2 * s) / 4], (2 * s) % 4),
-                            word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
+          for (int i = 0; i < kBVec; ++i)
+            b[i] = g < ncols ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+          if constexpr (kFp8) {
+            const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * window + lc] : 0.0f;
+            const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * window + lc] : 0.0f;
+#pragma unroll
+            for (int m = 0; m < kMats; ++m) {
+              float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+              for (int s = 0; s < kSteps; ++s) {
+                const uint32_t lo = word_of(a[u][m][0], s), hi = word_of(a[u][m][1], s);
+                const uint32_t af[4] = {fp8x2_to_f16x2(lo), fp8x2_to_f16x2(hi), fp8x2_to_f16x2(lo >> 16),
+                                        fp8x2_to_f16x2(hi >> 16)};
+                mma::mma_f16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
+              }
+              const float sw = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
+              const float f0 = sw * inv0, f1 = sw * inv1;
+              acc[m][0] = fmaf(tmp[0], f0, acc[m][0]);
+              acc[m][1] = fmaf(tmp[1], f1, acc[m][1]);
+              acc[m][2] = fmaf(tmp[2], f0, acc[m][2]);
+              acc[m][3] = fmaf(tmp[3], f1, acc[m][3]);
+            }
+          } else {
+#pragma unroll
+            for (int m = 0; m < kMats; ++m) {
+              const uint32_t s_lo = sbits[u][m][0] | (sbits[u][m][0] << 16);
+              const uint32_t s_hi = sbits[u][m][1] | (sbits[u][m][1] << 16);
+#pragma unroll
+              for (int s = 0; s < kSteps; ++s) {
+                const int wd = s / 2, h = s % 2;
+                const uint32_t lo = word_of(a[u][m][0], wd), hi = word_of(a[u][m][1], wd);
+                const uint32_t af[4] = {int4x2_to_bf16x2(lo, 2 * h, s_lo), int4x2_to_bf16x2(hi, 2 * h, s_hi),
+                                        int4x2_to_bf16x2(lo, 2 * h + 1, s_lo), int4x2_to_bf16x2(hi, 2 * h + 1, s_hi)};
+                mma::mma_bf16(acc[m], af, word_of(b[(2 * s) / 4], (2 * s) % 4),
+                              word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
+              }
             }
           }
         }
@@ -333,23 +401,33 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   moe_tc_prep_kernel<kFp8><<<gp, kThreads, 0, stream>>>(a.x, a.x_stride, a.hidden, x16, a.hidden, x_inv, hc);
   MLA_GPU_LAUNCH_CHECK();
 
+  // Staging window: the whole K when min(tokens, 8) columns fit the budget, else the largest
+  // multiple of the burst that does. An expert has at most `tokens` pairs.
+  const int cols = std::min(a.tokens, kCols);
+  auto window_for = [&](int64_t chunks, int burst) {
+    if (moe_stage(F, int(chunks), cols).bytes <= kMoeStageBudget) return int(chunks);
+    int w = burst;
+    while (moe_stage(F, w + burst, cols).bytes <= kMoeStageBudget) w += burst;
+    return w;
+  };
+  const int w1 = window_for(a.hidden / chunk_k(F), moe_tc_burst<F, true>());
+  const int w2 = window_for(a.inter / chunk_k(F), moe_tc_burst<F, false>());
+
   TcOut o1{};
   o1.h = h16;
   o1.h_stride = a.inter;
   o1.h_inv = h_inv;
   o1.h_inv_stride = ic;
   const dim3 g1(unsigned(a.slots), unsigned(ic));
-  moe_tc_kernel<F, true><<<g1, kThreads, 0, stream>>>(a.table, a.plan, TcAct{x16, a.hidden, x_inv, hc},
-                                                             a.top_k, a.hidden, o1);
-  MLA_GPU_LAUNCH_CHECK();
+  mma::launch_maybe_pdl(moe_tc_kernel<F, true>, g1, dim3(kThreads), moe_stage(F, w1, cols).bytes, true, stream,
+                        a.table, a.plan, TcAct{x16, a.hidden, x_inv, hc}, a.top_k, a.hidden, o1, w1, cols);
 
   TcOut o2{};
   o2.y = a.y;
   o2.y_stride = a.hidden;
   const dim3 g2(unsigned(a.slots), unsigned(hc));
-  moe_tc_kernel<F, false><<<g2, kThreads, 0, stream>>>(a.table, a.plan, TcAct{h16, a.inter, h_inv, ic},
-                                                              a.top_k, a.inter, o2);
-  MLA_GPU_LAUNCH_CHECK();
+  mma::launch_maybe_pdl(moe_tc_kernel<F, false>, g2, dim3(kThreads), moe_stage(F, w2, cols).bytes, true, stream,
+                        a.table, a.plan, TcAct{h16, a.inter, h_inv, ic}, a.top_k, a.inter, o2, w2, cols);
 }
 
 }  // namespace
