@@ -209,7 +209,7 @@ __device__ __forceinline__ void stage_x(const DenseTcParams& p, const StageLayou
   }
 }
 
-// Per warp, kStages bursts of its 16 rows x kU chunks (64 bytes of a row per chunk in both formats):
+// Per warp, kStages bursts of its 16 rows x kU chunks (64 bytes of a row per chunk in every format):
 // 8 KB of weight bytes a stage, plus (INT4) the 16 rows' group scales of those chunks (1 KB).
 constexpr int kStages = 2;
 constexpr int kStageU4 = kTileM * kU * 4;     // uint4 per weight stage: 16 rows x 32 pieces
@@ -231,13 +231,14 @@ __device__ __forceinline__ int swz(int r) { return (r & 1) << 2; }
 // b + kStages - 1 before it consumes burst b, so HBM keeps streaming while it converts and
 // multiplies. (The register-burst kernel this replaced issued 8 chunks, waited, consumed, and only
 // then issued again: 52-64% of copy bandwidth where the same loads with no arithmetic reach 83-89%,
-// bench dense-decode's read probe, H200 2026-11-30.)
+// bench dense-decode's read probe; this kernel reaches 67-71% on DeepSeek-V3's large layers, H200
+// 2026-11-30.)
 template <MoeFormat F>
 __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_kernel(const DenseTcParams p) {
   constexpr bool kFp8 = F == MoeFormat::FP8, kI4 = F == MoeFormat::I4_BF16;
   constexpr int kChunkK = int(chunk_k(F));
-  constexpr int kBVec = kChunkK / 32 > 0 ? kChunkK / 32 : 1;  // uint4 of 16-bit activations per lane per chunk
-  constexpr int kSteps = kChunkK / 16;                        // mma k16 steps per chunk
+  constexpr int kBVec = kChunkK / 32;   // uint4 of 16-bit activations per lane per chunk (BF16: 1)
+  constexpr int kSteps = kChunkK / 16;  // mma k16 steps per chunk
   constexpr int64_t kRowUnit = row_unit(F);
   // No static __shared__ in this kernel: it would precede the dynamic block and shift the ring off
   // 128-byte alignment, and a cp.async whose shared destination is not sector-aligned with its
