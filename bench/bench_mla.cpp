@@ -23,14 +23,7 @@ namespace {
 constexpr int kRank = 512, kRope = 64, kNope = 128, kV = 128, kKvDim = kRank + kRope, kBlock = 64;
 
 ops::MlaDims dsv3_dims(int heads) {
-  ops::MlaDims d;
-  d.num_heads = heads;
-  d.qk_nope_head_dim = kNope;
-  d.qk_rope_head_dim = kRope;
-  d.v_head_dim = kV;
-  d.kv_lora_rank = kRank;
-  d.softmax_scale = 1.0f / std::sqrt(float(kNope + kRope));
-  return d;
+  return ops::MlaDims{heads, kNope, kRope, kV, kRank, 1.0f / std::sqrt(float(kNope + kRope))};
 }
 
 // Sequences of `q_len` new tokens each with `ctx` cached tokens, blocks scattered over the cache

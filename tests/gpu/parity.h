@@ -100,14 +100,7 @@ inline const ops::AttentionBatch& pick(const TwinBatch& b, bool on_gpu) { return
 // MLA head geometry for attention cases, with the model's softmax scale 1 / sqrt(d_nope + d_rope);
 // deepseek_mla_dims is DeepSeek-V3 / Kimi's (128 + 64 query dims, 128 value dims, rank 512).
 inline ops::MlaDims mla_dims(int heads, int d_n, int d_r, int d_v, int rank) {
-  ops::MlaDims d;
-  d.num_heads = heads;
-  d.qk_nope_head_dim = d_n;
-  d.qk_rope_head_dim = d_r;
-  d.v_head_dim = d_v;
-  d.kv_lora_rank = rank;
-  d.softmax_scale = 1.0f / std::sqrt(float(d_n + d_r));
-  return d;
+  return ops::MlaDims{heads, d_n, d_r, d_v, rank, 1.0f / std::sqrt(float(d_n + d_r))};
 }
 inline ops::MlaDims deepseek_mla_dims(int heads) { return mla_dims(heads, 128, 64, 128, 512); }
 // "q_len/kv_len,..." for case names.
