@@ -20,7 +20,7 @@ PACKAGES=(
   libpcre2-dev=10.42-1+deb12u2
   libssl-dev=3.0.22-1~deb12u2
   libcpp-httplib-dev=0.11.4+ds-1+deb12u1
-  chromium=156.0.8078.108-1~deb12u1
+  chromium=156.0.8078.*
   hipcc=5.2.3-8
   libamdhip64-dev=5.2.3-8
 )
@@ -34,6 +34,17 @@ if ((${#missing[@]})); then
   echo "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # Debian's security archive keeps only the newest build of a package it patches often, so an exact
+  # pin of one (chromium: a new build every few weeks) stops resolving the day its successor lands;
+  # such packages are pinned by a version glob above (apt matches `name=1.2.*`). If a whole release
+  # line has been replaced, the current candidate is installed instead, and the script says so.
+  for i in "${!missing[@]}"; do
+    p=${missing[$i]}
+    if [[ $p == *'*' ]] && ! apt-cache madison "${p%%=*}" | awk '{print $3}' | grep -q "^${p#*=}"; then
+      echo "warning: no ${p%%=*} matches the pin ${p#*=}; installing the current candidate" >&2
+      missing[$i]=${p%%=*}
+    fi
+  done
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 # Test oracles (tokenizer data, a reference Jinja renderer), pinned by tests/npm/package-lock.json.
