@@ -101,8 +101,9 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
                                                              int64_t k_dim, uint16_t* __restrict__ out,
                                                              int64_t out_stride, float* __restrict__ inv,
                                                              int64_t inv_stride) {
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  pdl_trigger();  // the gate/up kernel (launched with PDL) may start its weight loads
   const int64_t c = int64_t(blockIdx.x) * kWarps + warp;
   if (c * kActChunk >= k_dim) return;  // whole warps; no barrier below
   const int64_t row = blockIdx.y, k = c * kActChunk + 2 * lane;
@@ -398,7 +399,8 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   const int64_t hc = a.hidden / kActChunk, ic = a.inter / kActChunk;
 
   const dim3 gp(unsigned((hc + kWarps - 1) / kWarps), unsigned(a.tokens));
-  moe_tc_prep_kernel<kFp8><<<gp, kThreads, 0, stream>>>(a.x, a.x_stride, a.hidden, x16, a.hidden, x_inv, hc);
+  launch_maybe_pdl(moe_tc_prep_kernel<kFp8>, gp, dim3(kThreads), 0, true, stream, a.x, a.x_stride, a.hidden, x16, a.hidden,
+                   x_inv, hc);
   MLA_GPU_LAUNCH_CHECK();
 
   // Staging window: the whole K when min(tokens, 8) columns fit the budget, else the largest

@@ -28,6 +28,37 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// Host: launches `kernel` on `stream` with `smem_bytes` of dynamic shared memory, and with the
+// programmatic-stream-serialization attribute when `pdl` (the grid may then start before the
+// previous kernel in the stream ends; the kernels order themselves with pdl_wait / pdl_trigger).
+// Stream capture records it as a programmatic edge. Argument types are coerced to the kernel's
+// parameter types. On HIP a plain launch (pdl_wait / pdl_trigger are no-ops there).
+// A kernel launched with pdl = true must call pdl_wait in every CTA before it reads anything an
+// earlier kernel wrote or writes anything an earlier kernel reads, and should call pdl_trigger
+// only after that wait: then, when any kernel of a PDL chain starts, every kernel before its
+// immediate predecessor has completed.
+template <typename... KArgs, typename... Args>
+void launch_maybe_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes, bool pdl, Stream stream,
+                      Args... args) {
+#if MLA_GPU_CUDA
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  MLA_GPU_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+#else
+  (void)pdl;
+  kernel<<<grid, block, smem_bytes, stream>>>(static_cast<KArgs>(args)...);
+  MLA_GPU_LAUNCH_CHECK();
+#endif
+}
+
 // ---- scalar conversions (bit-exact with core/dtype.h) ---------------------------------------------
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 // Round to nearest even; NaN stays NaN.

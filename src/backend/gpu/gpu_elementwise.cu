@@ -78,6 +78,8 @@ template <typename T>
 __global__ void embedding_kernel(const int32_t* ids, int64_t ids_stride, const T* __restrict__ table,
                                  int64_t table_stride, int64_t vocab, int64_t d, float* __restrict__ out,
                                  int64_t out_stride) {
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t * ids_stride];
   float* o = out + t * out_stride;
@@ -112,7 +114,8 @@ __global__ void __launch_bounds__(kWideThreads) rms_norm_kernel(const float* x, 
                                 const W* weight, int64_t w_stride, float eps, int64_t d, float* out,
                                 int64_t out_stride) {
   __shared__ double smem[kMaxWarps];
-  pdl_trigger();  // a successor launched with PDL (a decode matvec) may start its weight loads
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   const int64_t t = blockIdx.x;
   const float* xr = x + t * x_stride;
   float* res = kAdd ? residual + t * res_stride : nullptr;
@@ -159,7 +162,8 @@ __global__ void __launch_bounds__(kNormMaxThreads)
     rms_norm_vec_kernel(const float* x, int64_t x_stride, float* residual, int64_t res_stride, const W* weight,
                         float eps, int d4, float* out, int64_t out_stride) {
   __shared__ double warp_sum_sq[kNormMaxWarps];
-  pdl_trigger();  // a successor launched with PDL (a decode matvec) may start its weight loads
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   const int tid = int(threadIdx.x), nt = int(blockDim.x);
   const int64_t t = blockIdx.x;
   const float4* xr = reinterpret_cast<const float4*>(x + t * x_stride);
@@ -230,6 +234,8 @@ __device__ __forceinline__ void nd4_offsets(const Nd4& nd, int64_t k, int64_t* o
 // copy: operand 0 = src, 1 = dst. bytes: 8 per element.
 template <typename Index>
 __global__ void copy_kernel(const uint32_t* src, uint32_t* dst, Nd4 nd, int64_t total) {  // F32 or I32 bits
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[2];
     nd4_offsets<Index>(nd, k, off, 2);
@@ -240,7 +246,8 @@ __global__ void copy_kernel(const uint32_t* src, uint32_t* dst, Nd4 nd, int64_t 
 // add: operands a, b, out. bytes: 12 per element.
 template <typename Index>
 __global__ void add_kernel(const float* a, const float* b, float* out, Nd4 nd, int64_t total) {
-  pdl_trigger();  // a successor launched with PDL (a decode matvec) may start its weight loads
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[3];
     nd4_offsets<Index>(nd, k, off, 3);
@@ -252,7 +259,8 @@ __global__ void add_kernel(const float* a, const float* b, float* out, Nd4 nd, i
 // one block would walk serially). bytes: 12 per element; out may alias gate (same-index read, write).
 __global__ void silu_mul_kernel(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, float* out,
                                 int64_t o_stride, int64_t d) {
-  pdl_trigger();  // a successor launched with PDL (a decode matvec) may start its weight loads
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   const int64_t t = blockIdx.x;
   const float* g = gate + t * g_stride;
   const float* u = up + t * u_stride;
@@ -274,6 +282,8 @@ __global__ void __launch_bounds__(kThreads)
     rope_kernel(float* x, int64_t t_stride, int64_t h_stride, int heads, int pairs, const int32_t* positions,
                 int64_t pos_stride, const float* inv_freq, int64_t freq_stride, float factor, bool interleaved) {
   extern __shared__ float cos_sin[];  // [pairs] cos then [pairs] sin
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   const int64_t t = blockIdx.x;
   float* row = x + t * t_stride;
   const int total = heads * pairs;
@@ -336,11 +346,11 @@ void launch_rms_norm(Stream stream, const TensorView& x, float* residual, int64_
     const int64_t per = (d4 + kNormVec - 1) / kNormVec;
     const int threads = int(std::min<int64_t>((per + kWarpSize - 1) / kWarpSize * kWarpSize, kNormMaxThreads));
     if (weight.dtype == DType::F32) {
-      rms_norm_vec_kernel<kAdd, float><<<unsigned(rows), threads, 0, stream>>>(
+      launch_maybe_pdl(rms_norm_vec_kernel<kAdd, float>, dim3(unsigned(rows)), dim3(threads), 0, true, stream,
           xp, x.stride[0], residual, res_stride, weight.as<const float>(), eps, int(d4), out.as<float>(),
           out.stride[0]);
     } else {
-      rms_norm_vec_kernel<kAdd, uint16_t><<<unsigned(rows), threads, 0, stream>>>(
+      launch_maybe_pdl(rms_norm_vec_kernel<kAdd, uint16_t>, dim3(unsigned(rows)), dim3(threads), 0, true, stream,
           xp, x.stride[0], residual, res_stride, weight.as<const uint16_t>(), eps, int(d4), out.as<float>(),
           out.stride[0]);
     }
@@ -349,11 +359,11 @@ void launch_rms_norm(Stream stream, const TensorView& x, float* residual, int64_
   }
   const int threads = d >= kWideRow ? kWideThreads : kThreads;
   if (weight.dtype == DType::F32) {
-    rms_norm_kernel<kAdd, float><<<unsigned(rows), threads, 0, stream>>>(
+    launch_maybe_pdl(rms_norm_kernel<kAdd, float>, dim3(unsigned(rows)), dim3(threads), 0, true, stream,
         xp, x.stride[0], residual, res_stride, weight.as<const float>(), weight.stride[0], eps, d, out.as<float>(),
         out.stride[0]);
   } else {
-    rms_norm_kernel<kAdd, uint16_t><<<unsigned(rows), threads, 0, stream>>>(
+    launch_maybe_pdl(rms_norm_kernel<kAdd, uint16_t>, dim3(unsigned(rows)), dim3(threads), 0, true, stream,
         xp, x.stride[0], residual, res_stride, weight.as<const uint16_t>(), weight.stride[0], eps, d,
         out.as<float>(), out.stride[0]);
   }
@@ -392,11 +402,11 @@ void GpuBackend::embedding(const TensorView& ids, const TensorView& table, const
   MLA_CHECK(col_blocks <= 65535, "embedding: D={} too wide", d);
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(col_blocks));
   if (table.dtype == DType::F32) {
-    embedding_kernel<float><<<grid, kThreads, 0, stream()>>>(
+    launch_maybe_pdl(embedding_kernel<float>, dim3(grid), dim3(kThreads), 0, true, stream(),
         ids.as<const int32_t>(), ids.stride[0], table.as<const float>(), table.stride[0], table.dim(0), d,
         out.as<float>(), out.stride[0]);
   } else {
-    embedding_kernel<uint16_t><<<grid, kThreads, 0, stream()>>>(
+    launch_maybe_pdl(embedding_kernel<uint16_t>, dim3(grid), dim3(kThreads), 0, true, stream(),
         ids.as<const int32_t>(), ids.stride[0], table.as<const uint16_t>(), table.stride[0], table.dim(0), d,
         out.as<float>(), out.stride[0]);
   }
@@ -437,11 +447,11 @@ void GpuBackend::copy(const TensorView& src, const TensorView& dst) {
   const TensorView* views[] = {&src, &dst};
   const Nd4 nd = make_nd4(views, 2);
   if (total <= int64_t(UINT32_MAX)) {
-    copy_kernel<uint32_t><<<flat_blocks(total), kThreads, 0, stream()>>>(static_cast<const uint32_t*>(src.data),
-                                                                           static_cast<uint32_t*>(dst.data), nd, total);
+    launch_maybe_pdl(copy_kernel<uint32_t>, dim3(flat_blocks(total)), dim3(kThreads), 0, true, stream(),
+                     static_cast<const uint32_t*>(src.data), static_cast<uint32_t*>(dst.data), nd, total);
   } else {
-    copy_kernel<uint64_t><<<flat_blocks(total), kThreads, 0, stream()>>>(static_cast<const uint32_t*>(src.data),
-                                                                           static_cast<uint32_t*>(dst.data), nd, total);
+    launch_maybe_pdl(copy_kernel<uint64_t>, dim3(flat_blocks(total)), dim3(kThreads), 0, true, stream(),
+                     static_cast<const uint32_t*>(src.data), static_cast<uint32_t*>(dst.data), nd, total);
   }
   MLA_GPU_LAUNCH_CHECK();
 }
@@ -458,11 +468,11 @@ void GpuBackend::add(const TensorView& a, const TensorView& b, const TensorView&
   const TensorView* views[] = {&a, &b, &out};
   const Nd4 nd = make_nd4(views, 3);
   if (total <= int64_t(UINT32_MAX)) {
-    add_kernel<uint32_t><<<flat_blocks(total), kThreads, 0, stream()>>>(a.as<const float>(), b.as<const float>(),
-                                                                        out.as<float>(), nd, total);
+    launch_maybe_pdl(add_kernel<uint32_t>, dim3(flat_blocks(total)), dim3(kThreads), 0, true, stream(),
+                     a.as<const float>(), b.as<const float>(), out.as<float>(), nd, total);
   } else {
-    add_kernel<uint64_t><<<flat_blocks(total), kThreads, 0, stream()>>>(a.as<const float>(), b.as<const float>(),
-                                                                        out.as<float>(), nd, total);
+    launch_maybe_pdl(add_kernel<uint64_t>, dim3(flat_blocks(total)), dim3(kThreads), 0, true, stream(),
+                     a.as<const float>(), b.as<const float>(), out.as<float>(), nd, total);
   }
   MLA_GPU_LAUNCH_CHECK();
 }
@@ -478,9 +488,9 @@ void GpuBackend::silu_mul(const TensorView& gate, const TensorView& up, const Te
   if (rows == 0) return;
   const int64_t col_blocks = std::min<int64_t>((d + kThreads - 1) / kThreads, 64);
   if (col_blocks == 0) return;
-  silu_mul_kernel<<<dim3(unsigned(rows), unsigned(col_blocks)), kThreads, 0, stream()>>>(gate.as<const float>(), gate.stride[0],
-                                                             up.as<const float>(), up.stride[0], out.as<float>(),
-                                                             out.stride[0], d);
+  launch_maybe_pdl(silu_mul_kernel, dim3(unsigned(rows), unsigned(col_blocks)), dim3(kThreads), 0, true, stream(),
+                   gate.as<const float>(), gate.stride[0], up.as<const float>(), up.stride[0], out.as<float>(),
+                   out.stride[0], d);
   MLA_GPU_LAUNCH_CHECK();
 }
 
@@ -498,7 +508,8 @@ void GpuBackend::rope(const TensorView& x, const TensorView& positions, const op
   // Positions are not checked for >= 0 here (the CPU CHECKs them); a negative one rotates backwards.
   const int64_t blocks = (heads * pairs + kThreads * kRopePer - 1) / (kThreads * kRopePer);
   MLA_CHECK(blocks <= 65535, "rope: {} too large", x.describe());
-  rope_kernel<<<dim3(unsigned(num_tokens), unsigned(blocks)), kThreads, size_t(pairs) * 8, stream()>>>(
+  launch_maybe_pdl(rope_kernel, dim3(unsigned(num_tokens), unsigned(blocks)), dim3(kThreads), size_t(pairs) * 8, true,
+                   stream(),
       x.as<float>(), x.stride[0], x.stride[1], int(heads), int(pairs), positions.as<const int32_t>(),
       positions.stride[0], rope.inv_freq.as<const float>(), rope.inv_freq.stride[0], rope.attention_factor,
       rope.interleaved);

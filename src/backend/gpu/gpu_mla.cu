@@ -91,6 +91,8 @@ template <typename CacheT>
 __global__ void kv_cache_write_kernel(const float* __restrict__ latent, int64_t latent_stride,
                                       const int32_t* __restrict__ slots, int64_t slot_stride, CacheT* __restrict__ cache,
                                       int64_t kv_dim, int64_t num_slots) {
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t * slot_stride];
   if (slot < 0 || slot >= num_slots) return;
@@ -122,11 +124,11 @@ void GpuBackend::kv_cache_write(const TensorView& latent, const TensorView& slot
   const int64_t row_blocks = std::min<int64_t>(4, (kv_dim + kCopyThreads - 1) / kCopyThreads);
   const dim3 grid{unsigned(num_tokens), unsigned(row_blocks)};
   if (cache.dtype == DType::F32)
-    kv_cache_write_kernel<float><<<grid, kCopyThreads, 0, stream()>>>(
+    launch_maybe_pdl(kv_cache_write_kernel<float>, dim3(grid), dim3(kCopyThreads), 0, true, stream(),
         latent.as<const float>(), latent.stride[0], slot_mapping.as<const int32_t>(), slot_mapping.stride[0],
         cache.as<float>(), kv_dim, num_slots);
   else
-    kv_cache_write_kernel<uint16_t><<<grid, kCopyThreads, 0, stream()>>>(
+    launch_maybe_pdl(kv_cache_write_kernel<uint16_t>, dim3(grid), dim3(kCopyThreads), 0, true, stream(),
         latent.as<const float>(), latent.stride[0], slot_mapping.as<const int32_t>(), slot_mapping.stride[0],
         cache.as<uint16_t>(), kv_dim, num_slots);
   MLA_GPU_LAUNCH_CHECK();

@@ -85,26 +85,8 @@ __device__ __forceinline__ void prefetch_l2_bytes(const void* p, uint32_t bytes)
 using gpu::pdl_trigger;
 using gpu::pdl_wait;
 
-// Host: launches `kernel` on `stream` with `smem_bytes` of dynamic shared memory, and with the
-// programmatic-stream-serialization attribute when `pdl` (the grid may then start before the
-// previous kernel in the stream ends; the kernels order themselves with pdl_wait / pdl_trigger).
-// Stream capture records it as a programmatic edge. Argument types are coerced to the kernel's
-// parameter types (cudaLaunchKernelEx's template).
-template <typename... KArgs, typename... Args>
-void launch_maybe_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes, bool pdl,
-                      cudaStream_t stream, Args... args) {
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem_bytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  MLA_GPU_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
+// launch_maybe_pdl: gpu_device.cuh (portable: a plain launch on HIP).
+using gpu::launch_maybe_pdl;
 
 // d = a * b + c on bf16x2 pairs, rounded to nearest even (sm_80+; the kernels that use it are
 // dispatched only there, so below it traps).

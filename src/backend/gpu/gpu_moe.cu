@@ -96,6 +96,8 @@ __global__ void __launch_bounds__(kRouteWarps * kWarpSize) moe_route_kernel(
     int num_tokens, int num_experts, int n_group, int topk_group, int top_k, int norm, float scale,
     int32_t* __restrict__ ids, int64_t ids_stride, float* __restrict__ weights, int64_t weights_stride) {
   extern __shared__ float route_smem[];
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
   if (t >= num_tokens) return;  // a whole warp: nothing below waits for it
@@ -204,6 +206,8 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const DeviceExpe
   __shared__ int count[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
   __shared__ unsigned char is_held[kMaxExperts];
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   constexpr int kPlanWarps = kPlanThreads / kWarpSize;
   static_assert(kPlanWarps <= kWarpSize, "warp 0 scans the warp totals");
   __shared__ int warp_total[3][kPlanWarps];
@@ -294,7 +298,8 @@ __global__ void moe_combine_kernel(const DeviceExpert* __restrict__ table, int n
                                    const float* __restrict__ w, int64_t w_stride, int top_k,
                                    const float* __restrict__ y, int64_t hidden, float* __restrict__ out,
                                    int64_t out_stride) {
-  pdl_trigger();  // a successor launched with PDL (a decode matvec) may start its weight loads
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (o >= hidden) return;
   const int64_t t = blockIdx.y;
@@ -503,7 +508,8 @@ void GpuBackend::moe_route(const TensorView& router_logits, const TensorView& bi
       std::clamp<int64_t>(int64_t((48 << 10) / warp_smem), 1, std::min<int64_t>(kRouteWarps, num_tokens));
   const int64_t blocks = (num_tokens + warps - 1) / warps;
   MLA_CHECK(blocks < (int64_t(1) << 31), "moe_route: {} tokens", num_tokens);
-  moe_route_kernel<<<unsigned(blocks), unsigned(warps * kWarpSize), size_t(warps) * warp_smem, stream()>>>(
+  launch_maybe_pdl(moe_route_kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * kWarpSize)),
+                   size_t(warps) * warp_smem, true, stream(),
       router_logits.as<const float>(), router_logits.stride[0], has_bias ? bias.as<const float>() : nullptr,
       has_bias ? bias.stride[0] : 0, int(num_tokens), int(num_experts), int(n_group), int(topk_group), int(top_k),
       routing.norm_topk_prob ? 1 : 0, routing.routed_scaling_factor, topk_ids.as<int32_t>(), topk_ids.stride[0],
@@ -576,7 +582,7 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   for (int64_t t0 = 0; t0 < num_tokens; t0 += chunk) {
     const int64_t tn = std::min(chunk, num_tokens - t0), pairs = tn * top_k;
     const int32_t* ids = topk_ids.at<const int32_t>(t0);
-    moe_plan_kernel<<<1, moe_plan_threads(num_experts, pairs), 0, stream()>>>(
+    launch_maybe_pdl(moe_plan_kernel, dim3(1), dim3(moe_plan_threads(num_experts, pairs)), 0, true, stream(),
         dev_table, int(num_experts), ids, topk_ids.stride[0], int(tn), int(top_k), plan);
     MLA_GPU_LAUNCH_CHECK();
     if (use_tc && pairs > 0) {
@@ -620,9 +626,9 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
       }
     }
     const dim3 grid(unsigned((hidden + 255) / 256), unsigned(tn));
-    moe_combine_kernel<<<grid, 256, 0, stream()>>>(dev_table, int(num_experts), ids, topk_ids.stride[0],
-                                                   topk_weights.at<const float>(t0), topk_weights.stride[0],
-                                                   int(top_k), y, hidden, out.at<float>(t0), out.stride[0]);
+    launch_maybe_pdl(moe_combine_kernel, grid, dim3(256), 0, true, stream(), dev_table, int(num_experts), ids,
+                     topk_ids.stride[0], topk_weights.at<const float>(t0), topk_weights.stride[0], int(top_k), y,
+                     hidden, out.at<float>(t0), out.stride[0]);
     MLA_GPU_LAUNCH_CHECK();
   }
 }

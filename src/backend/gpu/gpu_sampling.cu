@@ -413,6 +413,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 argmax_kernel(const float* logits, int64_t l_stride, int32_t* out_ids, int64_t o_stride, int vocab,
               unsigned long long* slots, unsigned* tickets) {
   __shared__ unsigned long long warp_best[kArgmaxThreads / kWarpSize];
+  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
+  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
   const int tid = int(threadIdx.x);
   const int64_t b = blockIdx.x;
   const float* z = logits + b * l_stride;
@@ -564,7 +566,8 @@ void GpuBackend::argmax(const TensorView& logits, const TensorView& out_ids) {
   char* scratch = static_cast<char*>(sampling_->argmax_slots.get(*this, size_t(rows) * 12));
   auto* slots = reinterpret_cast<unsigned long long*>(scratch);
   auto* tickets = reinterpret_cast<unsigned*>(scratch + size_t(rows) * 8);
-  argmax_kernel<<<dim3(unsigned(rows), unsigned(chunks)), kArgmaxThreads, 0, stream()>>>(
+  launch_maybe_pdl(argmax_kernel, dim3(unsigned(rows), unsigned(chunks)), dim3(kArgmaxThreads), 0, true,
+                   stream(),
       logits.as<const float>(), logits.stride[0], out_ids.as<int32_t>(), out_ids.stride[0], int(vocab), slots,
       tickets);
   MLA_GPU_LAUNCH_CHECK();
