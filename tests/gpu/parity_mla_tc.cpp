@@ -106,11 +106,14 @@ TEST(GpuParityMlaTc, WideBatchAndEmptySequences) {
 // (3 tiles: 2 splits), 575 / 1100 (9 tiles: 5 splits; 18: 9) and 4033 (64 tiles over all the grid's
 // splits, some of them empty). Spec-verify rows of one sequence straddle those edges: {4, 130}
 // has rows of 2 and 3 tiles (1 and 2 splits), {3, 1100} and {5, 4100} rows of 18 and 64-65 tiles.
+// The mma.sync kernel streams 32-key units: ctx 32 / 96 end exactly on a unit, 33 / 97 one key into
+// the next (a unit with one visible row, the rest zero-filled), and a row's last tile may hold a unit
+// wholly past its limit (1100 = 17 tiles + 12 keys), which is not loaded.
 TEST(GpuParityMlaTc, AdaptiveSplitsShortAndLongContexts) {
   if (!tc_available()) GTEST_SKIP() << "no tensor-core MLA decode on this device";
   std::mt19937 rng(404);
   for (int heads : {16, 128}) {
-    for (int ctx : {2, 128, 129, 575, 1100, 4033}) tc_case(rng, heads, {{1, ctx}}, 64, false);
+    for (int ctx : {2, 32, 33, 96, 97, 128, 129, 575, 1100, 4033}) tc_case(rng, heads, {{1, ctx}}, 64, false);
     for (const SeqSpec& s : {SeqSpec{4, 130}, SeqSpec{3, 1100}, SeqSpec{5, 4100}}) tc_case(rng, heads, {s}, 16, true);
     // Two sequences of different lengths: each token picks its own split count in the same grid.
     tc_case(rng, heads, {{1, 1100}, {2, 127}}, 64, true);

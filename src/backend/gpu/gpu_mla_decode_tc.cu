@@ -1,6 +1,6 @@
 // Tensor-core absorbed-MLA decode over a BF16 paged latent cache: one CTA per (query token, 16-head
-// tile, KV split) streams 64-position tiles of cache rows through shared memory (cp.async, double
-// buffered) and runs S = Q K^T and O += P V on mma.sync m16n8k16 bf16 with fp32 accumulation and an
+// tile, KV split) streams 32-position units of cache rows through a ring of shared-memory stages
+// (cp.async, 4-5 deep) and runs S = Q K^T and O += P V on mma.sync m16n8k16 bf16 with fp32 accumulation and an
 // fp32 online softmax. Trade-off: q and P are rounded to bf16 for the tensor cores (the cache already
 // is bf16), buying ~10x the fp32 FMA rate at ~2^-9 relative error per term.
 #include "backend/gpu/gpu_mla_decode_tc.h"
@@ -23,43 +23,51 @@ constexpr int kRank = 512;                        // latent width = value width
 constexpr int kRope = 64;                         // rotated key part
 constexpr int kKvDim = kRank + kRope;             // 576: key width = cache row
 constexpr int kHeadTile = kMlaTcHeadTile;         // 16 query heads = one mma M tile
-constexpr int kKeys = kMlaDecodeKeyTile;          // 64 cache positions per tile
+constexpr int kKeys = kMlaDecodeKeyTile;          // 64 cache positions per split tile (split bookkeeping)
 constexpr int kWarps = 8, kThreads = kWarps * 32;  // CUDA-only file: warps are 32 lanes
 constexpr int kRowElems = kKvDim + 8;             // padded smem row: 1168 B = 73 x 16 B (odd) so the
                                                   // 8 row addresses of an ldmatrix hit distinct banks
 constexpr int kKSteps = kKvDim / 16;              // 36 k16 steps of S = Q K^T
-// S = Q K^T: warp w computes keys [32 (w / 4), +32) over dims [144 (w % 4), +144); the 4 dim
-// quarters are summed through shared memory. Q's fragments for those dims stay in registers.
+// S = Q K^T: warp w computes keys [U/2 (w / 4), +U/2) of a U-key unit over dims [144 (w % 4), +144);
+// the 4 dim quarters are summed through shared memory. Q's fragments for those dims stay in registers.
 constexpr int kDimSplit = 4, kKeySplit = kWarps / kDimSplit;  // 4 dim quarters x 2 key halves
 constexpr int kKStepsPerWarp = kKSteps / kDimSplit;           // 9 k16 steps per warp
-constexpr int kKeysPerWarp = kKeys / kKeySplit;               // 32
 constexpr int kColsPerWarp = kRank / kWarps;      // 64: warp w owns O columns [64w, 64w + 64)
 constexpr int kNTilesPerWarp = kColsPerWarp / 8;  // 8 n8 accumulator tiles per warp
-constexpr int kSStride = kKeys + 8;               // fp32 partial-S row (72 floats): conflict-free float2
-constexpr int kPStride = kKeys + 8;               // bf16 P row (144 B = 9 x 16 B, odd)
 constexpr int kMaxSplits = kMlaDecodeMaxSplits;  // 32
-// A token's context is cut into at most num_splits ranges of at least this many tiles (computed on
-// the device from kv_lens, so a graph's grid stays fixed while the splits in use follow the context):
-// a short context (batch 1, ctx 1100 = 18 tiles) uses 9 splits instead of all 28 of the grid, and
-// the unused CTAs exit at once. 2 tiles keep each CTA's double buffer busy once.
+// A token's context is cut into at most num_splits ranges of at least this many 64-key tiles
+// (computed on the device from kv_lens, so a graph's grid stays fixed while the splits in use follow
+// the context): a short context (batch 1, ctx 1100 = 18 tiles) uses 9 splits instead of all 28 of
+// the grid, and the unused CTAs exit at once.
 constexpr int kMinTilesPerSplit = kMlaDecodeMinTilesPerSplit;  // 2
-constexpr int kTileBytes = kKeys * kRowElems * 2;  // 74,752
-constexpr int kKvBytes = 2 * kTileBytes;           // 149,504: double-buffered cache tiles
-static_assert(kKSteps % kDimSplit == 0 && kRank % (kWarps * 16) == 0 && kKeys == 64 && kHeadTile == 16 &&
-              kKeys == kWarps * 8 && kKeysPerWarp % 16 == 0 && kKvBytes % 16 == 0);
+static_assert(kKSteps % kDimSplit == 0 && kRank % (kWarps * 16) == 0 && kHeadTile == 16);
 
-// A CTA runs M head tiles (16 M heads) over each cache tile: M = 2 halves the shared-memory and L2
-// reads per FLOP (what bounds many heads), M = 1 keeps twice the CTAs (what a 16-head,
-// memory-bound launch needs). Shared memory map (bytes); the Q staging area aliases the partial-S
-// area: Q lives in registers after the prologue, and a __syncthreads separates the two uses.
-template <int M> struct TcGeom {
+// A CTA runs M head tiles (16 M heads) over the cache in units of U keys that stream through a ring
+// of S shared-memory stages (cp.async): while one unit is computed, the next S - 1 are in flight.
+// M = 2 halves the shared-memory and L2 reads per FLOP (what bounds many heads), M = 1 keeps twice
+// the CTAs (what a 16-head, memory-bound launch needs). Shared memory map (bytes); the Q staging area
+// aliases the partial-S area: Q lives in registers after the prologue, and a __syncthreads
+// separates the two uses.
+template <int M, int U, int S> struct TcGeom {
   static constexpr int kHeads = kHeadTile * M;
-  static constexpr int kLanesPerRow = kThreads / kHeads;  // softmax: a row's lanes (16 or 8)
-  static constexpr int kKeysPerLane = kKeys / kLanesPerRow;  // 4 or 8, as float4 groups
+  static constexpr int kKeysPerWarp = U / kKeySplit;       // S columns per warp: 16 or 32
+  static constexpr int kLoadRowsPerWarp = U / kWarps;      // cache rows copied per warp and unit: 4 or 8
+  static constexpr int kSStride = U + 8;                   // fp32 partial-S row (8 mod 32 floats): conflict-free float2
+  static constexpr int kPStride = U + 8;                   // bf16 P row (16 B x odd)
+  static constexpr int kUnitBytes = U * kRowElems * 2;     // 37,376 or 74,752
+  static constexpr int kKvBytes = S * kUnitBytes;
+  // Softmax: a row's kLanesPerRow lanes (16 or 8, an aligned lane group) hold kKeysPerLane keys each,
+  // read as groups of kVec adjacent floats (a row's lanes read 32 consecutive floats per group:
+  // conflict-free), group j at key j * kVec * kLanesPerRow.
+  static constexpr int kLanesPerRow = kThreads / kHeads;
+  static constexpr int kKeysPerLane = U / kLanesPerRow;
+  static constexpr int kVec = kKeysPerLane < 4 ? kKeysPerLane : 4;
   static constexpr int kRedBytes = std::max(kDimSplit * kHeads * kSStride * 4, kHeads * kRowElems * 2);
   static constexpr int kPBytes = kHeads * kPStride * 2;
-  static constexpr int kSmemBytes = kKvBytes + kRedBytes + kPBytes + 3 * kHeads * 4;  // 170,688 / 192,384
-  static_assert(kRedBytes % 16 == 0 && kPBytes % 16 == 0 && kKeysPerLane % 4 == 0 && kLanesPerRow <= 32);
+  static constexpr int kSmemBytes = kKvBytes + kRedBytes + kPBytes + 3 * kHeads * 4;
+  static_assert(kKeys % U == 0 && U % kWarps == 0 && kKeysPerWarp % 16 == 0 && kRedBytes % 16 == 0 &&
+                kPBytes % 16 == 0 && (kVec == 2 || kVec == 4) && kKeysPerLane % kVec == 0 && kLanesPerRow <= 32 &&
+                S >= 2 && kSmemBytes <= 227 * 1024);
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -98,37 +106,45 @@ __device__ __forceinline__ int splits_in_use(int tiles_total, int num_splits) {
 
 
 // ---- the attention kernel -------------------------------------------------------------------------
-// Napkin math per CTA and 64-key tile: cache bytes 64 * 576 * 2 = 73.7 KB; FLOPs 2 * 16M * 64 *
-// (576 + 512) = 2.23M MFLOP (16 heads: 30 FLOP/B, memory-bound; 128 heads = 8/M CTAs per token
-// share the tile through L2: tensor-core-bound). Per token and 16-head tile: bytes = ctx * 576 * 2,
-// FLOPs = 2 * 16 * ctx * (576 + 512). Shared-memory reads per tile: K 73 KB + V 64 KB (shared by the
-// M head tiles) + partial S 16M KB + P 2M KB; Q is held in registers, not re-read per tile.
+// Napkin math per CTA and U-key unit: cache bytes U * 1152; FLOPs 2 * 16M * U * (576 + 512) (16
+// heads: 30 FLOP/B, memory-bound; 128 heads = 8/M CTAs per token share the unit through L2:
+// tensor-core-bound). Per token and 16-head tile: bytes = ctx * 576 * 2, FLOPs = 2 * 16 * ctx *
+// (576 + 512). Shared-memory traffic per 64 keys at M = 1: cp.async writes 74 KB, K reads 74 KB,
+// V reads 66 KB, partial S 2 x 16 KB, P 16 KB: ~260 KB, ~1 us at 128 B/clk, against the 2.2 us in
+// which one SM's share of the copy bandwidth (batch 64 x 16 heads: 128 CTAs) brings those 74 KB.
+// Measured on the H200 (2026-12-01): the phases (S, softmax, P V) are separated by barriers and
+// their latencies add up, so the CTA's compute per unit, not the bytes in flight, sets the pace: a
+// ring of five 32-key stages at one CTA per SM ran at 57% of copy bandwidth against 70% for two
+// 64-key buffers. Two CTAs per SM overlap one CTA's barriers and softmax with the other's MMAs.
 //
 // Grid: x = head group (fastest, so the head groups of one token run together and share the cache
-// tile through L2), y = KV split (the most any row may use; a row uses splits_in_use of them), z =
+// unit through L2), y = KV split (the most any row may use; a row uses splits_in_use of them), z =
 // query token. Block: 8 warps (2 per SM sub-partition, so one warp's ldmatrix/mma latency hides
 // behind the other's).
-template <int M>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcArgs a, int num_splits, int q_vec) {
-  using G = TcGeom<M>;
-  constexpr int kHeads = G::kHeads;
+template <int M, int U, int S, int CTAS>
+__global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecodeTcArgs a, int num_splits, int q_vec) {
+  using G = TcGeom<M, U, S>;
+  constexpr int kHeads = G::kHeads, kStages = S, kUnit = U, kLoadRowsPerWarp = G::kLoadRowsPerWarp;
+  constexpr int kKeysPerWarp = G::kKeysPerWarp, kSStride = G::kSStride, kPStride = G::kPStride;
+  constexpr int kUnitBytes = G::kUnitBytes;
   extern __shared__ __align__(128) unsigned char smem[];
-  uint16_t* kv_s = reinterpret_cast<uint16_t*>(smem);                       // [2][kKeys][kRowElems]
-  float* s_part = reinterpret_cast<float*>(smem + kKvBytes);                 // [kDimSplit][kHeads][kSStride]
-  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + kKvBytes);              // [kHeads][kRowElems] (alias)
-  uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + kKvBytes + G::kRedBytes);  // [kHeads][kPStride]
-  float* alpha_s = reinterpret_cast<float*>(smem + kKvBytes + G::kRedBytes + G::kPBytes);  // [kHeads]
-  float* m_s = alpha_s + kHeads;                                             // [kHeads] running max (log2)
-  float* l_s = m_s + kHeads;                                                 // [kHeads] running sum
+  uint16_t* kv_s = reinterpret_cast<uint16_t*>(smem);                         // [kStages][kUnit][kRowElems]
+  float* s_part = reinterpret_cast<float*>(smem + G::kKvBytes);               // [kDimSplit][kHeads][kSStride]
+  uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + G::kKvBytes);            // [kHeads][kRowElems] (alias)
+  uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + G::kKvBytes + G::kRedBytes);  // [kHeads][kPStride]
+  float* alpha_s = reinterpret_cast<float*>(smem + G::kKvBytes + G::kRedBytes + G::kPBytes);  // [kHeads]
+  float* m_s = alpha_s + kHeads;                                              // [kHeads] running max (log2)
+  float* l_s = m_s + kHeads;                                                  // [kHeads] running sum
 
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
   const int head0 = int(blockIdx.x) * kHeads, split = int(blockIdx.y), token = int(blockIdx.z);
 
-  // With a combine behind this grid (num_splits > 1), let it launch now (PDL): its CTAs wait in
-  // griddepcontrol.wait until this grid has completed, so only its launch latency is hidden. This
-  // grid was launched normally: its predecessors are complete, as the PDL convention requires.
-  if (num_splits > 1) pdl_trigger();
+  // Launched with PDL: wait for the previous kernel (q's last writer) before reading anything, then
+  // let the next grid (the combine, or expand_v's matvec) launch: its CTAs wait in their own pdl_wait
+  // until this grid has completed, so only its launch latency is hidden.
+  pdl_wait();
+  pdl_trigger();
 
   const TokenRange tr = token_range(a, token);
   const int seq = tr.seq, limit = tr.limit;
@@ -153,38 +169,55 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
     }
     return;
   }
+  // This CTA's U-key units: those of its tiles that hold a visible key (the last tile of a context
+  // may end in a unit wholly at or past `limit`: it is not loaded). unit_begin < unit_end because
+  // tile_begin < tiles_total.
+  const int unit_begin = tile_begin * (kKeys / kUnit);
+  const int unit_end = min(tile_end * (kKeys / kUnit), (limit + kUnit - 1) / kUnit);
 
   const int block_base = a.block_indptr[seq];
-  // Issues the cp.async copies of tile `tile` into buffer `buf`: warp w copies rows [8w, 8w + 8);
-  // lane i < 8 resolves row 8w + i through the block table (slot < 2^31: a cache of 2^31 rows would
-  // be 2.4 TB), then each 1152-byte row is copied by the warp as 16-byte chunks lane, lane + 32 and
-  // lane + 64 (coalesced). Rows at or past `limit` are zero-filled: P is 0 there, but 0 * garbage
-  // could be NaN in the P V product.
-  // (An L2 prefetch of the next 1-2 tiles was tried on the H200, 2026-11-30: 16 heads fell from 65%
-  // of copy bandwidth without it to 47% (1 tile ahead) and 55-60% (2 ahead); not used.)
-  const char* cache_bytes = reinterpret_cast<const char*>(a.cache) + lane * 16;
-  const uint32_t kv_base = smem_addr(kv_s) + uint32_t((warp * 8 * kRowElems) * 2 + lane * 16);
-  auto load_tile = [&](int buf, int tile) {
-    int my_slot = -1;
-    if (lane < 8) {
-      const int pos = tile * kKeys + warp * 8 + lane;
-      if (pos < limit) my_slot = a.block_ids[block_base + pos / a.block_size] * a.block_size + pos % a.block_size;
+  // The cache row of row `lane` of this warp's share of `unit` (lanes < kLoadRowsPerWarp; -1 past
+  // `limit` or past unit_end). Resolved one unit before its copies are issued: the block-table load
+  // then flies while a unit computes instead of stalling the warp in front of its cp.async.
+  auto resolve_row = [&](int unit) {
+    int slot = -1;
+    if (lane < kLoadRowsPerWarp && unit < unit_end) {
+      const int pos = unit * kUnit + warp * kLoadRowsPerWarp + lane;
+      if (pos < limit) slot = a.block_ids[block_base + pos / a.block_size] * a.block_size + pos % a.block_size;
     }
-    const uint32_t dst = kv_base + uint32_t(buf * kTileBytes);
+    return slot;
+  };
+  // Issues the cp.async copies of `unit` into ring stage `stage` as one commit group: warp w copies
+  // rows [R w, R w + R), R = kLoadRowsPerWarp, whose cache rows its lanes < R hold in `my_row` (slot <
+  // 2^31: a cache of 2^31 rows would be 2.4 TB); each 1152-byte row is copied by the warp as 16-byte
+  // chunks lane, lane + 32 and lane + 64 (coalesced). Rows at or past `limit` are zero-filled: P is 0
+  // there, but 0 * garbage could be NaN in the P V product. A unit past unit_end commits an empty
+  // group, so the group count per iteration stays uniform for cp_async_wait.
+  // (An L2 prefetch of the next 1-2 tiles was tried on the H200, 2026-11-30, with two 64-key
+  // buffers: 16 heads fell from 65% of copy bandwidth to 47-60%; not used.)
+  const char* cache_bytes = reinterpret_cast<const char*>(a.cache) + lane * 16;
+  const uint32_t kv_base = smem_addr(kv_s) + uint32_t((warp * kLoadRowsPerWarp * kRowElems) * 2 + lane * 16);
+  auto load_unit = [&](int stage, int unit, int my_row) {
+    if (unit < unit_end) {
+      const uint32_t dst = kv_base + uint32_t(stage * kUnitBytes);
 #pragma unroll
-    for (int rr = 0; rr < 8; ++rr) {
-      const int slot = shfl(my_slot, rr);
-      const char* src = cache_bytes + (slot >= 0 ? int64_t(slot) * (kKvDim * 2) : 0);
-      const int bytes = slot >= 0 ? 16 : 0;
-      const uint32_t d = dst + uint32_t(rr * kRowElems * 2);
-      cp_async16(d, src, bytes);
-      cp_async16(d + 512, src + 512, bytes);
-      if (lane < 8) cp_async16(d + 1024, src + 1024, bytes);
+      for (int rr = 0; rr < kLoadRowsPerWarp; ++rr) {
+        const int row_slot = shfl(my_row, rr);
+        const char* src = cache_bytes + (row_slot >= 0 ? int64_t(row_slot) * (kKvDim * 2) : 0);
+        const int bytes = row_slot >= 0 ? 16 : 0;
+        const uint32_t d = dst + uint32_t(rr * kRowElems * 2);
+        cp_async16(d, src, bytes);
+        cp_async16(d + 512, src + 512, bytes);
+        if (lane < 8) cp_async16(d + 1024, src + 1024, bytes);
+      }
     }
     cp_async_commit();
   };
 
-  load_tile(0, tile_begin);  // overlaps with the Q staging below
+  // The ring's first kStages - 1 units overlap with the Q staging below.
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) load_unit(i, unit_begin + i, resolve_row(unit_begin + i));
+  int next_row = resolve_row(unit_begin + kStages - 1);  // for the first iteration's copies
 
   // Stage Q (kHeads x 576, fp32 -> bf16) and take this warp's A fragments into registers. The
   // vector path issues all of a thread's float4 loads (9 or 18) before converting any: one memory
@@ -229,32 +262,36 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int nt = 0; nt < kNTilesPerWarp; ++nt) o[m][nt][0] = o[m][nt][1] = o[m][nt][2] = o[m][nt][3] = 0.0f;
-  // Softmax state of row srow, replicated in the row's kLanesPerRow lanes (aligned lane groups).
+  // Softmax state of row srow, replicated in the row's kLanesPerRow lanes (aligned lane groups); lane
+  // cl of the row holds keys j * kGroupStride + W cl + [0, W) of the unit for each group j < V / W.
+  constexpr int V = G::kKeysPerLane, W = G::kVec, kGroupStride = W * G::kLanesPerRow;
   const int srow = tid / G::kLanesPerRow, cl = lane % G::kLanesPerRow;
   float m_run = kNegInf, l_run = 0.0f;
   const float scale_log2 = a.softmax_scale * kLog2e;  // softmax in base 2: exp(x) = exp2(x log2 e)
 
-  for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int buf = (tile - tile_begin) & 1;
-    cp_async_wait_all();
-    __syncthreads();  // (A) tile visible; every warp is done with the previous tile and with q_s
-    if (tile + 1 < tile_end) load_tile(buf ^ 1, tile + 1);  // buffer buf^1 was last read before (A)
-    const uint16_t* kt = kv_s + size_t(buf) * kKeys * kRowElems;
-    const int j0 = tile * kKeys;
+  for (int unit = unit_begin; unit < unit_end; ++unit) {
+    const int slot = (unit - unit_begin) % kStages;
+    cp_async_wait<kStages - 2>();  // this thread's copies of `unit` landed (newer groups may fly)
+    __syncthreads();  // (A) unit visible; every warp is done with the previous unit's slot and with q_s
+    load_unit((slot + kStages - 1) % kStages, unit + kStages - 1, next_row);  // unit - 1's stage, read before (A)
+    next_row = resolve_row(unit + kStages);
+    const uint16_t* kt = kv_s + size_t(slot) * kUnit * kRowElems;
+    const int j0 = unit * kUnit;
 
-    // S partial over this warp's 144 dims and 32 keys: M x [16 heads x 32 keys], 4 n8 tiles each.
+    // S partial over this warp's 144 dims and kKeysPerWarp keys: M x [16 heads x kKeysPerWarp], n8 tiles.
     {
-      float sacc[M][kKeysPerWarp / 8][4];
+      constexpr int kSN = kKeysPerWarp / 8;
+      float sacc[M][kSN][4];
 #pragma unroll
       for (int m = 0; m < M; ++m)
 #pragma unroll
-        for (int nt = 0; nt < kKeysPerWarp / 8; ++nt) sacc[m][nt][0] = sacc[m][nt][1] = sacc[m][nt][2] = sacc[m][nt][3] = 0.0f;
+        for (int nt = 0; nt < kSN; ++nt) sacc[m][nt][0] = sacc[m][nt][1] = sacc[m][nt][2] = sacc[m][nt][3] = 0.0f;
       const int mi = lane / 8, key_in = kh * kKeysPerWarp + (mi / 2) * 8 + lane % 8, dim_off = (mi % 2) * 8;
 #pragma unroll
       for (int ks = 0; ks < kKStepsPerWarp; ++ks) {
         const int k0 = (kq * kKStepsPerWarp + ks) * 16;
 #pragma unroll
-        for (int np = 0; np < kKeysPerWarp / 16; ++np) {
+        for (int np = 0; np < kSN / 2; ++np) {
           // Matrices: (keys 16np..+7, dims k0..+7), (same keys, k0+8..), (keys 16np+8.., k0..), (.., k0+8..)
           // = b0, b1 of n-tile 2np and b0, b1 of n-tile 2np + 1.
           uint32_t b[4];
@@ -270,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
       for (int m = 0; m < M; ++m) {
         float* sp = s_part + (kq * kHeads + m * 16) * kSStride + kh * kKeysPerWarp;
 #pragma unroll
-        for (int nt = 0; nt < kKeysPerWarp / 8; ++nt) {
+        for (int nt = 0; nt < kSN; ++nt) {
           *reinterpret_cast<float2*>(sp + g * kSStride + nt * 8 + 2 * t4) = make_float2(sacc[m][nt][0], sacc[m][nt][1]);
           *reinterpret_cast<float2*>(sp + (g + 8) * kSStride + nt * 8 + 2 * t4) =
               make_float2(sacc[m][nt][2], sacc[m][nt][3]);
@@ -279,39 +316,41 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
     }
     __syncthreads();  // (B) partial S complete
 
-    // Online softmax: lane cl of row srow holds keys 4 kLanesPerRow j + 4 cl + [0, 4) for each float4
-    // group j (a quarter-warp reads 32 consecutive floats: conflict-free). The four dim-quarter
-    // partials are summed in a fixed order (deterministic).
+    // Online softmax over the unit. The four dim-quarter partials are summed in a fixed order
+    // (deterministic).
     {
-      constexpr int kGroups = G::kKeysPerLane / 4, kGroupStride = 4 * G::kLanesPerRow;
-      float s[G::kKeysPerLane];
+      float s[V];
 #pragma unroll
-      for (int j = 0; j < kGroups; ++j) {
-        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      for (int i = 0; i < V; ++i) s[i] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < V / W; ++j)
 #pragma unroll
         for (int w = 0; w < kDimSplit; ++w) {
-          const float4 v =
-              *reinterpret_cast<const float4*>(s_part + (w * kHeads + srow) * kSStride + j * kGroupStride + 4 * cl);
-          acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+          const float* src = s_part + (w * kHeads + srow) * kSStride + j * kGroupStride + W * cl;
+          if constexpr (W == 4) {
+            const float4 v = *reinterpret_cast<const float4*>(src);
+            s[4 * j] += v.x; s[4 * j + 1] += v.y; s[4 * j + 2] += v.z; s[4 * j + 3] += v.w;
+          } else {
+            const float2 v = *reinterpret_cast<const float2*>(src);
+            s[2 * j] += v.x; s[2 * j + 1] += v.y;
+          }
         }
-        s[4 * j + 0] = acc.x; s[4 * j + 1] = acc.y; s[4 * j + 2] = acc.z; s[4 * j + 3] = acc.w;
-      }
       float mt = kNegInf;
 #pragma unroll
-      for (int i = 0; i < G::kKeysPerLane; ++i) {
-        s[i] = j0 + (i / 4) * kGroupStride + 4 * cl + i % 4 < limit ? s[i] * scale_log2 : kNegInf;
+      for (int i = 0; i < V; ++i) {
+        s[i] = j0 + (i / W) * kGroupStride + W * cl + i % W < limit ? s[i] * scale_log2 : kNegInf;
         mt = fmaxf(mt, s[i]);
       }
       // A row's lanes are an aligned group of kLanesPerRow: xor below kLanesPerRow stays inside it.
 #pragma unroll
       for (int x = G::kLanesPerRow / 2; x > 0; x /= 2) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, x));
       const float m_new = fmaxf(m_run, mt);
-      const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a tile always has a visible key; guard anyway
-      const float alpha = exp2f(m_run - m_use);               // 0 on the first tile (m_run = -inf)
+      const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a unit always has a visible key; guard anyway
+      const float alpha = exp2f(m_run - m_use);               // 0 on the first unit (m_run = -inf)
       float psum = 0.0f;
-      uint32_t pk[G::kKeysPerLane / 2];
+      uint32_t pk[V / 2];
 #pragma unroll
-      for (int i = 0; i < G::kKeysPerLane; i += 2) {
+      for (int i = 0; i < V; i += 2) {
         const uint16_t p0 = f32_to_bf16_bits(exp2f(s[i] - m_use)), p1 = f32_to_bf16_bits(exp2f(s[i + 1] - m_use));
         // The denominator sums the bf16-rounded weights the P V product uses: a consistent average.
         psum += bf16_bits_to_f32(p0) + bf16_bits_to_f32(p1);
@@ -322,8 +361,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
       l_run = l_run * alpha + psum;
       m_run = m_new;
 #pragma unroll
-      for (int j = 0; j < kGroups; ++j)
-        *reinterpret_cast<uint2*>(p_s + srow * kPStride + j * kGroupStride + 4 * cl) = make_uint2(pk[2 * j], pk[2 * j + 1]);
+      for (int j = 0; j < V / W; ++j) {
+        uint16_t* dst = p_s + srow * kPStride + j * kGroupStride + W * cl;
+        if constexpr (W == 4) *reinterpret_cast<uint2*>(dst) = make_uint2(pk[2 * j], pk[2 * j + 1]);
+        else *reinterpret_cast<uint32_t*>(dst) = pk[j];
+      }
       if (cl == 0) {
         alpha_s[srow] = alpha;
         m_s[srow] = m_run;
@@ -332,19 +374,22 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
     }
     __syncthreads();  // (C) P and alpha complete
 
-    // O[16M x 64w..] = alpha * O + P[16M x 64] V[64 x 64w..]; V = first 512 dims of the tile rows.
+    // O[16M x 64w..] = alpha * O + P[16M x U] V[U x 64w..]; V = first 512 dims of the unit's rows.
     {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         const float a_lo = alpha_s[m * 16 + g], a_hi = alpha_s[m * 16 + g + 8];
+        // Once the running maxima settle alpha is exactly 1 for the whole warp (warp-uniform branch).
+        if (__any_sync(0xffffffffu, a_lo != 1.0f || a_hi != 1.0f)) {
 #pragma unroll
-        for (int nt = 0; nt < kNTilesPerWarp; ++nt) {
-          o[m][nt][0] *= a_lo; o[m][nt][1] *= a_lo; o[m][nt][2] *= a_hi; o[m][nt][3] *= a_hi;
+          for (int nt = 0; nt < kNTilesPerWarp; ++nt) {
+            o[m][nt][0] *= a_lo; o[m][nt][1] *= a_lo; o[m][nt][2] *= a_hi; o[m][nt][3] *= a_hi;
+          }
         }
       }
       const int mi = lane / 8;
 #pragma unroll
-      for (int ks = 0; ks < kKeys / 16; ++ks) {
+      for (int ks = 0; ks < kUnit / 16; ++ks) {
         uint32_t pa[M][4];
 #pragma unroll
         for (int m = 0; m < M; ++m)
@@ -365,6 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_tc_kernel(MlaDecodeTcA
       }
     }
   }
+  cp_async_wait_all();  // the empty trailing groups; nothing may be in flight when the CTA exits
   // m_s / l_s were written before the last (C) and are not written again: safe to read here.
 #pragma unroll
   for (int m = 0; m < M; ++m) {
@@ -456,34 +502,28 @@ int sm_count() {
   return std::max(sms, 1);
 }
 
-// Head tiles per CTA of the mma.sync kernel: 2 whenever the heads allow it (see TcGeom).
-int heads_per_cta(int num_heads) { return num_heads % TcGeom<2>::kHeads == 0 ? TcGeom<2>::kHeads : kHeadTile; }
+// ---- which kernel, geometry and split count a call runs (host) ------------------------------------
+// A function of (num_tokens, num_heads, forced kernel) and the device only, like the launch grid, so
+// the workspace size and a captured graph stay valid while contexts grow.
+enum class TcVariant {
+  M2U64S2,    // 32 heads per CTA, two 64-key buffers, one CTA per SM
+  M1U64S2,    // 16 heads per CTA, two 64-key buffers, one CTA per SM
+  M1U32S2x2,  // 16 heads per CTA, two 32-key buffers, two CTAs per SM
+};
+struct DecodePlan {
+  bool wgmma = false;
+  TcVariant variant = TcVariant::M1U64S2;
+  int heads_per_cta = kHeadTile, ctas_per_sm = 1, splits = 1;
+};
 
-// The kernel a call runs (Auto resolved; a forced Wgmma that the device or shape cannot run fails).
-bool use_wgmma(const MlaDecodeTcArgs& args) {
-  if (args.kernel == MlaDecodeKernel::MmaSync) return false;
-  const bool ok = mla_decode_sm90a_supported(args.num_heads, args.kv_lora_rank, args.rope_dim);
-  MLA_CHECK(ok || args.kernel != MlaDecodeKernel::Wgmma,
-            "mla_decode_tc: wgmma kernel forced but unsupported ({} heads, want a multiple of {} on sm_90)",
-            args.num_heads, kMlaSm90aHeadTile);
-  return ok;
-}
-int cta_heads(const MlaDecodeTcArgs& args) {
-  return use_wgmma(args) ? kMlaSm90aHeadTile : heads_per_cta(args.num_heads);
-}
-
-// Splits per launch: a function of T and H only (graph replay). CTAs = T * H / heads_per_cta *
-// splits at one CTA per SM (170-192 KB of smem); time ~ waves / splits, so pick the smallest split
-// count within 15% of the best such ratio (fewer splits = less combine traffic and longer streams
-// per CTA). On 132 SMs: batch 64 x 16 heads: 2 splits (128 CTAs); batch 64 x 128 heads: 1 split
-// (256 CTAs); batch 1 x 16 or 128 heads: 28 splits. That is the grid's maximum: a row uses
-// min(28, ceil(tiles / kMinTilesPerSplit)) of them (splits_in_use, on the device).
-// The wgmma kernel (64 heads per CTA, also one CTA per SM) uses the same rule with its head count:
-// batch 64 x 128 heads = 128 CTAs, 1 split.
-int num_splits_for(int num_tokens, int num_heads, int heads_per_block) {
-  const int64_t base = int64_t(num_tokens) * (num_heads / heads_per_block), sms = sm_count();
+// Splits per launch. CTAs = T * H / heads_per_cta * splits at ctas_per_sm per SM; time ~ waves /
+// splits, so pick the smallest split count within 15% of the best such ratio (fewer splits = less
+// combine traffic and longer streams per CTA). That is the grid's maximum: a row uses
+// min(splits, ceil(tiles / kMinTilesPerSplit)) of them (splits_in_use, on the device).
+int num_splits_for(int num_tokens, int num_heads, int heads_per_block, int ctas_per_sm) {
+  const int64_t base = int64_t(num_tokens) * (num_heads / heads_per_block), slots = int64_t(sm_count()) * ctas_per_sm;
   if (base <= 0) return 1;
-  auto cost = [&](int64_t s) { return double((base * s + sms - 1) / sms) / double(s); };
+  auto cost = [&](int64_t s) { return double((base * s + slots - 1) / slots) / double(s); };
   double best = cost(1);
   for (int s = 2; s <= kMaxSplits; ++s) best = std::min(best, cost(s));
   for (int s = 1; s <= kMaxSplits; ++s)
@@ -491,12 +531,47 @@ int num_splits_for(int num_tokens, int num_heads, int heads_per_block) {
   return 1;
 }
 
-template <int M> void launch_attention(const MlaDecodeTcArgs& args, int splits, int q_vec, Stream stream) {
-  constexpr int kSmem = TcGeom<M>::kSmemBytes;
-  MLA_GPU_CHECK(cudaFuncSetAttribute(mla_decode_tc_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const dim3 grid(unsigned(args.num_heads / TcGeom<M>::kHeads), unsigned(splits), unsigned(args.num_tokens));
-  mla_decode_tc_kernel<M><<<grid, kThreads, kSmem, stream>>>(args, splits, q_vec);
-  MLA_GPU_LAUNCH_CHECK();
+// Auto: the wgmma kernel (64 heads per CTA) where its head tiles alone give at least half a wave
+// (batch 64 x 128 heads: 128 CTAs, compute-bound), else the mma.sync kernel: 32 heads per CTA where
+// those fill the GPU without splitting; else 16 heads, two CTAs per SM on 32-key units where the
+// head tiles alone give a quarter wave (long streams per CTA: batch 64 x 16 heads), else one CTA per
+// SM on 64-key tiles (few keys per CTA: batch 1 x 128 heads at ctx 1100 = 8 head tiles x 9 splits
+// of 2 tiles, where the 32-key variant's extra barriers show).
+// Measured on the H200 (2026-12-01, mla-decode bench; each variant forced in turn, two runs):
+// batch 64 x ctx 4096 x 16 heads: 32-key x 2 CTAs 63.3 / 71.5% of copy bandwidth, 64-key 61.4 /
+// 68.7%, a 5-stage ring of 32-key units at one CTA per SM 56.1%; batch 1 x ctx 1100 x 128 heads:
+// 64-key 17.2 us, 32-key x 2 CTAs 18.9 us, 32-head CTAs 21.6 us, the wgmma kernel 24.8 us.
+DecodePlan plan_for(const MlaDecodeTcArgs& args) {
+  DecodePlan p;
+  const int64_t sms = sm_count();
+  const bool wg_ok = args.kernel != MlaDecodeKernel::MmaSync &&
+                     mla_decode_sm90a_supported(args.num_heads, args.kv_lora_rank, args.rope_dim);
+  MLA_CHECK(wg_ok || args.kernel != MlaDecodeKernel::Wgmma,
+            "mla_decode_tc: wgmma kernel forced but unsupported ({} heads, want a multiple of {} on sm_90)",
+            args.num_heads, kMlaSm90aHeadTile);
+  const int64_t wg_ctas = int64_t(args.num_tokens) * (args.num_heads / kMlaSm90aHeadTile);
+  p.wgmma = wg_ok && (args.kernel == MlaDecodeKernel::Wgmma || 2 * wg_ctas >= sms);
+  if (p.wgmma) {
+    p.heads_per_cta = kMlaSm90aHeadTile;
+  } else if (args.num_heads % 32 == 0 && int64_t(args.num_tokens) * (args.num_heads / 32) >= sms) {
+    p.variant = TcVariant::M2U64S2;
+    p.heads_per_cta = 32;
+  } else if (int64_t(args.num_tokens) * (args.num_heads / kHeadTile) * 4 >= sms) {
+    p.variant = TcVariant::M1U32S2x2;
+    p.ctas_per_sm = 2;
+  }
+  p.splits = num_splits_for(args.num_tokens, args.num_heads, p.heads_per_cta, p.ctas_per_sm);
+  return p;
+}
+
+template <int M, int U, int S, int CTAS>
+void launch_attention(const MlaDecodeTcArgs& args, int splits, int q_vec, Stream stream) {
+  constexpr int kSmem = TcGeom<M, U, S>::kSmemBytes;
+  static_assert(CTAS * (kSmem + 1024) <= 228 * 1024, "CTAs per SM must fit the SM's shared memory");
+  const auto kernel = mla_decode_tc_kernel<M, U, S, CTAS>;
+  MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const dim3 grid(unsigned(args.num_heads / (kHeadTile * M)), unsigned(splits), unsigned(args.num_tokens));
+  launch_maybe_pdl(kernel, grid, dim3(kThreads), kSmem, true, stream, args, splits, q_vec);
 }
 
 // The combine, launched with programmatic stream serialization (PDL; a programmatic edge when
@@ -518,7 +593,7 @@ bool mla_decode_tc_supported(int num_heads, int kv_lora_rank, int rope_dim) {
 
 size_t mla_decode_tc_workspace_bytes(const MlaDecodeTcArgs& args) {
   if (args.num_tokens <= 0 || args.num_heads <= 0) return 0;
-  const int splits = num_splits_for(args.num_tokens, args.num_heads, cta_heads(args));
+  const int splits = plan_for(args).splits;
   if (splits == 1) return 0;  // the attention kernel writes `out` directly
   return size_t(splits) * size_t(args.num_tokens) * size_t(args.num_heads) * (kRank + 2) * sizeof(float);
 }
@@ -540,18 +615,23 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream) {
   MLA_CHECK(args.q && args.cache && args.out && args.q_indptr && args.kv_lens && args.block_indptr && args.block_ids,
             "mla_decode_tc: null pointer argument");
   MLA_CHECK(reinterpret_cast<uintptr_t>(args.cache) % 16 == 0, "mla_decode_tc: cache not 16-byte aligned");
-  const bool wgmma = use_wgmma(args);
-  const int splits =
-      num_splits_for(args.num_tokens, args.num_heads, wgmma ? kMlaSm90aHeadTile : heads_per_cta(args.num_heads));
+  const DecodePlan plan = plan_for(args);
+  const int splits = plan.splits;
   if (splits > 1)
     MLA_CHECK(args.workspace && reinterpret_cast<uintptr_t>(args.workspace) % 16 == 0,
               "mla_decode_tc: {} splits need a 16-byte aligned workspace", splits);
   // float4 loads of q need 16-byte rows; otherwise the scalar staging loop (same values).
   const int q_vec = reinterpret_cast<uintptr_t>(args.q) % 16 == 0 && args.q_row_stride % 4 == 0 &&
                     args.q_head_stride % 4 == 0;
-  if (wgmma) mla_decode_sm90a_attention(args, splits, q_vec, stream);
-  else if (heads_per_cta(args.num_heads) == TcGeom<2>::kHeads) launch_attention<2>(args, splits, q_vec, stream);
-  else launch_attention<1>(args, splits, q_vec, stream);
+  if (plan.wgmma) {
+    mla_decode_sm90a_attention(args, splits, q_vec, stream);
+  } else {
+    switch (plan.variant) {
+      case TcVariant::M2U64S2: launch_attention<2, 64, 2, 1>(args, splits, q_vec, stream); break;
+      case TcVariant::M1U64S2: launch_attention<1, 64, 2, 1>(args, splits, q_vec, stream); break;
+      case TcVariant::M1U32S2x2: launch_attention<1, 32, 2, 2>(args, splits, q_vec, stream); break;
+    }
+  }
   if (splits > 1) launch_combine(args, splits, stream);
 }
 
