@@ -72,28 +72,42 @@ DenseTcSplit dense_tc_split_into(MoeFormat format, int64_t in, int64_t want) {
 DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out) {
   // Each CTA streams its rows' K range at a rate set by the loads it keeps in flight, so a grid's
   // time is its number of waves (dense_tc_min_blocks per SM x 132 SMs on an H200) more than its
-  // bytes: the last, partial wave runs at a fraction of the bandwidth. The rule takes the fewest
-  // splits (at least 2, at most 32 and one chunk each) whose grid fills its waves to >= 80%, else
-  // the fullest. Measured on the H200 (2026-11-30, batch 1, bench dense-decode's forced splits, %
-  // of copy bandwidth): gate/up 7168 -> 18432 (288 row CTAs) 63 / 65 / 71 / 64 / 66 at 2 / 3 / 4 / 6
-  // / 8 splits (4: 1152 CTAs = 2.9 waves of 396); o_proj 16384 -> 7168 and down 18432 -> 7168 (112)
-  // best at 3 (67%, 70%; 4 splits = 1.13 waves: 53%); q_b 1536 -> 24576 (384) best at 2 (41%).
+  // bytes: the last, partial wave runs at a fraction of the bandwidth. But a split whose K range is
+  // short leaves each warp one or two 512-byte bursts per row, and then a CTA's fixed costs (x
+  // staging, the first burst's latency, the split-K ticket) dominate. The rule: among 1 split and
+  // the splits that keep >= 3 bursts per row, the fewest whose grid fills its waves to >= 80%, else
+  // the fullest; where even those give less than a quarter wave (the narrowest layers), splits of
+  // >= 1 burst per row are allowed too. Measured on the H200 (2026-12-01, batch 1, bench
+  // dense-decode's forced splits 1 / 2 / 3 / 4 / 6 / 8, % of copy bandwidth):
+  //   o_proj 16384 -> 7168 (112 row CTAs)   47 / 65 / 68 / 54 / 65 / 68  -> 3
+  //   gate/up 7168 -> 18432 (288)           71 / 64 / 65 / 72 / 65 / 66  -> 4
+  //   down 18432 -> 7168 (112)              48 / 67 / 71 / 54 / 69 / 67  -> 3
+  //   q_b 1536 -> 24576 (384)               55 / 41 / 38 / 36 / 29 / 25  -> 1 (the old rule, >= 2 splits: 2)
+  //   shared down 2048 -> 7168 (112)        30 / 27 / 26 / 23 / 22 / 21  -> 1 (old: 3)
+  //   shared gate/up 7168 -> 2048 (32)      13 / 20 / 23 / 26 / 25 / 28  -> 4
+  //   q_a 7168 -> 1536 (24), kv_a 7168 -> 576 (9): 10-22% and 4-10% at any split (latency-bound).
   // Depends on the shape only (the same for every T and every replay: a token's sums are
   // batch-invariant).
-  const int64_t kWaveCtas = dense_tc_min_blocks(format) * 132, kMaxSplits = 32;
+  constexpr int64_t kBurstChunks = 8, kMaxSplits = 32;  // 8 chunks of 64 B = one 512-byte burst per row
+  const int64_t kWaveCtas = dense_tc_min_blocks(format) * 132;
   const int64_t row_ctas = out / kActChunk, chunks = in / chunk_k(format);
-  auto layout = [&](int64_t want) { return dense_tc_split_into(format, in, want); };
   auto fill = [&](const DenseTcSplit& sp) {
     const int64_t ctas = sp.splits * row_ctas, waves = (ctas + kWaveCtas - 1) / kWaveCtas;
     return double(ctas) / double(waves * kWaveCtas);
   };
-  DenseTcSplit best = layout(std::min<int64_t>(2, chunks));
-  for (int64_t want = 2; want <= std::min(chunks, kMaxSplits); ++want) {
-    const DenseTcSplit sp = layout(want);
-    if (fill(sp) >= 0.8) return sp;
-    if (fill(sp) > fill(best)) best = sp;
-  }
-  return best;
+  auto pick = [&](int64_t min_chunks) {
+    DenseTcSplit best = dense_tc_split_into(format, in, 1);
+    for (int64_t want = 1; want <= std::min(chunks, kMaxSplits); ++want) {
+      const DenseTcSplit sp = dense_tc_split_into(format, in, want);
+      if (sp.splits > 1 && sp.chunks_per_split < min_chunks) break;  // shorter for every larger want
+      if (fill(sp) >= 0.8) return sp;
+      if (fill(sp) > fill(best)) best = sp;
+    }
+    return best;
+  };
+  const DenseTcSplit sp = pick(3 * kBurstChunks);
+  if (sp.splits * row_ctas * 4 >= kWaveCtas) return sp;
+  return pick(kBurstChunks);
 }
 
 size_t dense_tc_partial_bytes(const DenseTcSplit& split, int64_t tokens, int64_t out) {
