@@ -174,6 +174,16 @@ void bench_e2e(Report& report, const Ceilings& c, const BenchOptions& o) {
   std::vector<double> steps = run.decode(o.e2e_decode_tokens);
   std::sort(steps.begin(), steps.end());
   const double step_ms = steps[steps.size() / 2];
+  if (o.e2e_profile_steps > 0) {
+    // The same kernels launched eagerly (with their PDL attributes): Nsight Compute profiles kernel
+    // nodes of a graph that has programmatic edges only by failing the launch (seen on the H200,
+    // 2026-12-01: LaunchFailed), so the profiled steps run outside the captured graph.
+    m.set_decode_graphs(false);
+    profiler_range(true);
+    run.decode(o.e2e_profile_steps);
+    profiler_range(false);
+    m.set_decode_graphs(true);
+  }
   const int mid_ctx = short_prompt + o.e2e_decode_tokens / 2;
   const double roof_tps = c.copy_gbps * 1e9 / tb.at(mid_ctx);
   report.add({"e2e", fmt::format("decode batch 1, ctx {}..{}, BF16 cache, graphs", short_prompt,

@@ -29,6 +29,9 @@ void fill_random(const TensorView& v, uint64_t seed, float lo, float hi, gpu::St
 // A kernel that spins for about `microseconds`: enqueued before a timed batch so the host can queue
 // every repetition while the GPU is busy (the events then time kernels, not launch latency).
 void spin(gpu::Stream stream, double microseconds);
+// Starts / stops the profiler's collection range (cudaProfilerStart / Stop): a profiler started with
+// collection off (`ncu --profile-from-start off`) then records only the kernels in between.
+void profiler_range(bool start);
 // One launch of the dense-decode read-pattern probe (bench_gpu_device.cu): reads every byte of the
 // [rows, row_bytes] matrix at `w` once, `lanes_per_row` (4, 8 or 32) lanes per row per load, or
 // (-2, -3; CUDA) through a cp.async shared-memory ring of that many stages; K cut into `splits`
@@ -130,6 +133,7 @@ struct BenchOptions {
   int prefill_query_chunk = 4096;          // queries at the end of the context; 0 = the whole context
   std::string model_dir;                   // e2e: a make-model output
   int e2e_decode_tokens = 128;
+  int e2e_profile_steps = 0;               // e2e: decode steps run inside profiler_range after the timing
 };
 void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o);
 void bench_mla_prefill(Report& report, const Ceilings& c, const BenchOptions& o);

@@ -3,6 +3,8 @@
 // stream, which host code cannot name without the internal header.
 #include <cstdint>
 
+#include <cuda_profiler_api.h>
+
 #include "backend/gpu/gpu_backend_impl.h"
 #include "bench_gpu.h"
 
@@ -180,6 +182,10 @@ void spin(gpu::Stream stream, double microseconds) {
   // ~2 GHz SM clock (H200 boosts to 1.98 GHz); the length only needs to cover host queueing.
   spin_kernel<<<1, 1, 0, stream>>>(int64_t(microseconds * 2000.0));
   MLA_GPU_LAUNCH_CHECK();
+}
+
+void profiler_range(bool start) {
+  MLA_GPU_CHECK(start ? cudaProfilerStart() : cudaProfilerStop());
 }
 
 }  // namespace mla::bench

@@ -37,6 +37,10 @@ int main(int argc, char** argv) {
   app.add_flag("--quick", o.quick, "Smaller sizes and fewer repetitions (a smoke run, not a measurement)");
   app.add_option("--model", o.model_dir, "e2e: a `mlaserve make-model` output directory");
   app.add_option("--decode-tokens", o.e2e_decode_tokens, "e2e: decode steps timed")->capture_default_str();
+  app.add_option("--profile-steps", o.e2e_profile_steps,
+                 "e2e: after the timed run, decode this many more steps inside a profiler range (run under "
+                 "`ncu --profile-from-start off` to see only decode kernels)")
+      ->capture_default_str();
   app.add_option("--prefill-contexts", o.prefill_contexts, "mla-prefill: context lengths")->capture_default_str();
   app.add_option("--prefill-query-chunk", o.prefill_query_chunk,
                  "mla-prefill: queries at the end of the context (0 = q_len = context)")

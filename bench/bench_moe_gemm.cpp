@@ -184,19 +184,25 @@ void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o
   struct Shape {
     const char* name;
     int64_t in, out;
+    BenchWeight kind = BenchWeight::FP8;
   };
+  // Every dense matvec of a DeepSeek-V3 decode step (the lm_head is BF16 in make-model checkpoints).
   std::vector<Shape> shapes = {{"o_proj", 16384, 7168},
                                {"mlp gate/up", 7168, 18432},
                                {"mlp down", 18432, 7168},
                                {"q_b_proj", 1536, 24576},
-                               {"shared expert down", 2048, 7168}};
+                               {"q_a_proj", 7168, 1536},
+                               {"kv_a_proj", 7168, 576},
+                               {"shared expert gate/up", 7168, 2048},
+                               {"shared expert down", 2048, 7168},
+                               {"lm_head", 7168, 129280, BenchWeight::BF16}};
   if (o.quick) shapes = {{"o_proj", 16384, 7168}, {"shared expert down", 2048, 7168}};
   auto be = make_bench_backend(true);
   const gpu::Stream s = backend_stream(*be);
   for (size_t i = 0; i < shapes.size(); ++i) {
     const Shape& sh = shapes[i];
     HostWeight hw;
-    make_host_weight(hw, BenchWeight::FP8, sh.out, sh.in, 80 + i);
+    make_host_weight(hw, sh.kind, sh.out, sh.in, 80 + i);
     std::vector<ops::Weight> copies;
     copies.push_back(place(*be, hw));
     const double bytes = double(weight_bytes(copies.front()));
@@ -209,7 +215,8 @@ void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o
       be->synchronize();
       if (!gpu::linear_gemv_tc_supports(*be, copies.front())) continue;
       // T = 1 also at forced split counts (0: dense_tc_split's own), to tune that rule.
-      const std::vector<int64_t> splits = T == 1 && !o.quick ? std::vector<int64_t>{0, 2, 3, 4, 6, 8} : std::vector<int64_t>{0};
+      const std::vector<int64_t> splits =
+          T == 1 && !o.quick ? std::vector<int64_t>{0, 1, 2, 3, 4, 6, 8} : std::vector<int64_t>{0};
       for (const int64_t forced : splits) {
         gpu::linear_set_gemv_tc_splits(*be, forced);
         TimingPlan plan;
@@ -219,7 +226,8 @@ void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o
           gpu::linear_with_path(*be, x.view, copies[size_t(rep) % copies.size()], out.view, gpu::LinearPath::GemvTc);
         });
         const std::string how = forced == 0 ? "" : fmt::format(", {} splits forced", forced);
-        report.add({"dense_decode", fmt::format("{} FP8 {} -> {}, T {}, GemvTc{}", sh.name, sh.in, sh.out, T, how),
+        report.add({"dense_decode", fmt::format("{} {} {} -> {}, T {}, GemvTc{}", sh.name, bench_weight_name(sh.kind),
+                                                sh.in, sh.out, T, how),
                     tm.median_ms, bytes / (tm.median_ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW",
                     forced == 0 ? 0.7 : 0.0, fmt::format("{:.1f} MB, {} copies rotated", bytes / 1e6, n_copies),
                     fmt::format("tc {}x{} t{} s{}", sh.in, sh.out, T, forced)});
