@@ -1,8 +1,8 @@
-// Tensor-core absorbed-MLA decode over a BF16 paged latent cache: one CTA per (query token, 16-head
-// tile, KV split) streams 32-position units of cache rows through a ring of shared-memory stages
-// (cp.async, 4-5 deep) and runs S = Q K^T and O += P V on mma.sync m16n8k16 bf16 with fp32 accumulation and an
-// fp32 online softmax. Trade-off: q and P are rounded to bf16 for the tensor cores (the cache already
-// is bf16), buying ~10x the fp32 FMA rate at ~2^-9 relative error per term.
+// Tensor-core absorbed-MLA decode over a BF16 paged latent cache: one CTA per (query token, 16- or
+// 32-head tile, KV split) streams 32- or 64-position units of cache rows through a ring of
+// shared-memory stages (cp.async) and runs S = Q K^T and O += P V on mma.sync m16n8k16 bf16 with
+// fp32 accumulation and an fp32 online softmax. Trade-off: q and P are rounded to bf16 for the
+// tensor cores (the cache already is bf16), buying ~10x the fp32 FMA rate at ~2^-9 relative error per term.
 #include "backend/gpu/gpu_mla_decode_tc.h"
 #include "backend/gpu/gpu_mla_decode_sm90a.h"
 
@@ -114,8 +114,9 @@ __device__ __forceinline__ int splits_in_use(int tiles_total, int num_splits) {
 // which one SM's share of the copy bandwidth (batch 64 x 16 heads: 128 CTAs) brings those 74 KB.
 // Measured on the H200 (2026-12-01): the phases (S, softmax, P V) are separated by barriers and
 // their latencies add up, so the CTA's compute per unit, not the bytes in flight, sets the pace: a
-// ring of five 32-key stages at one CTA per SM ran at 57% of copy bandwidth against 70% for two
-// 64-key buffers. Two CTAs per SM overlap one CTA's barriers and softmax with the other's MMAs.
+// ring of five 32-key stages at one CTA per SM ran at 56% of copy bandwidth against 61-69% for two
+// 64-key buffers. Two CTAs per SM on 32-key units overlap one CTA's barriers and softmax with the
+// other's MMAs (63-74%).
 //
 // Grid: x = head group (fastest, so the head groups of one token run together and share the cache
 // unit through L2), y = KV split (the most any row may use; a row uses splits_in_use of them), z =
@@ -394,7 +395,8 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
 #pragma unroll
         for (int m = 0; m < M; ++m)
           ldmatrix_x4(pa[m], p_s + (m * 16 + (mi % 2) * 8 + lane % 8) * kPStride + ks * 16 + (mi / 2) * 8);
-        const uint16_t* vrow = kt + (ks * 16 + (mi % 2) * 8 + lane % 8) * kRowElems + warp * kColsPerWarp + (mi / 2) * 8;
+        const uint16_t* vrow =
+            kt + (ks * 16 + (mi % 2) * 8 + lane % 8) * kRowElems + warp * kColsPerWarp + (mi / 2) * 8;
 #pragma unroll
         for (int np = 0; np < kNTilesPerWarp / 2; ++np) {
           // .trans of (keys k0..+7, cols n0..+7), (keys k0+8.., n0..), (k0.., n0+8..), (k0+8.., n0+8..)

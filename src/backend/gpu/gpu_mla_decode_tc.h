@@ -6,8 +6,8 @@
 //     rope_dim = 64 (DeepSeek-V3 / Kimi geometry);
 //   - an NVIDIA GPU with mma.sync bf16 (sm_80+); on HIP builds mla_decode_tc_supported() is false.
 // On an H100/H200 (compute capability 9.0) head counts that are a multiple of 64 run the wgmma kernel
-// of gpu_mla_decode_sm90a.h instead (same arguments, workspace format and combine); `kernel` forces
-// either one.
+// of gpu_mla_decode_sm90a.h instead (same arguments, workspace format and combine) where the batch
+// gives its 64-head tiles half a wave of CTAs; `kernel` forces either one.
 #pragma once
 
 #include <cstddef>
@@ -30,7 +30,7 @@ constexpr int kMlaDecodeMaxSplits = 32;
 
 // Which attention kernel mla_decode_tc runs.
 enum class MlaDecodeKernel {
-  Auto,     // Wgmma where mla_decode_sm90a_supported(num_heads, ...), else MmaSync
+  Auto,     // Wgmma where mla_decode_sm90a_supported(num_heads, ...) and T * H / 64 >= SMs / 2, else MmaSync
   MmaSync,  // the sm_80+ mma.sync kernel (16 or 32 heads per CTA)
   Wgmma,    // the sm_90a wgmma kernel (64 heads per CTA); fails when unsupported
 };
