@@ -2,7 +2,8 @@
 // 32-head tile, KV split) streams 32- or 64-position units of cache rows through a ring of
 // shared-memory stages (cp.async) and runs S = Q K^T and O += P V on mma.sync m16n8k16 bf16 with
 // fp32 accumulation and an fp32 online softmax. Trade-off: q and P are rounded to bf16 for the
-// tensor cores (the cache already is bf16), buying ~10x the fp32 FMA rate at ~2^-9 relative error per term.
+// tensor cores (the cache already is bf16), buying ~10x the fp32 FMA rate at ~2^-9 relative error
+// per term.
 #include "backend/gpu/gpu_mla_decode_tc.h"
 #include "backend/gpu/gpu_mla_decode_sm90a.h"
 
