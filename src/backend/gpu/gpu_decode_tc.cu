@@ -101,8 +101,7 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
                                                              int64_t k_dim, uint16_t* __restrict__ out,
                                                              int64_t out_stride, float* __restrict__ inv,
                                                              int64_t inv_stride) {
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int64_t c = int64_t(blockIdx.x) * kWarps + warp;
   if (c * kActChunk >= k_dim) return;  // whole warps; no barrier below

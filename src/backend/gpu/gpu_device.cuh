@@ -28,6 +28,14 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// The start of a kernel launched with PDL that neither streams constant data before the wait nor
+// needs its successor held back: wait for every earlier kernel, then let the next one launch (a
+// matvec behind it starts issuing its weight loads).
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_trigger();
+}
+
 // Host: launches `kernel` on `stream` with `smem_bytes` of dynamic shared memory, and with the
 // programmatic-stream-serialization attribute when `pdl` (the grid may then start before the
 // previous kernel in the stream ends; the kernels order themselves with pdl_wait / pdl_trigger).

@@ -78,8 +78,7 @@ template <typename T>
 __global__ void embedding_kernel(const int32_t* ids, int64_t ids_stride, const T* __restrict__ table,
                                  int64_t table_stride, int64_t vocab, int64_t d, float* __restrict__ out,
                                  int64_t out_stride) {
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t * ids_stride];
   float* o = out + t * out_stride;
@@ -114,8 +113,7 @@ __global__ void __launch_bounds__(kWideThreads) rms_norm_kernel(const float* x, 
                                 const W* weight, int64_t w_stride, float eps, int64_t d, float* out,
                                 int64_t out_stride) {
   __shared__ double smem[kMaxWarps];
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int64_t t = blockIdx.x;
   const float* xr = x + t * x_stride;
   float* res = kAdd ? residual + t * res_stride : nullptr;
@@ -162,8 +160,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
     rms_norm_vec_kernel(const float* x, int64_t x_stride, float* residual, int64_t res_stride, const W* weight,
                         float eps, int d4, float* out, int64_t out_stride) {
   __shared__ double warp_sum_sq[kNormMaxWarps];
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int tid = int(threadIdx.x), nt = int(blockDim.x);
   const int64_t t = blockIdx.x;
   const float4* xr = reinterpret_cast<const float4*>(x + t * x_stride);
@@ -234,8 +231,7 @@ __device__ __forceinline__ void nd4_offsets(const Nd4& nd, int64_t k, int64_t* o
 // copy: operand 0 = src, 1 = dst. bytes: 8 per element.
 template <typename Index>
 __global__ void copy_kernel(const uint32_t* src, uint32_t* dst, Nd4 nd, int64_t total) {  // F32 or I32 bits
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[2];
     nd4_offsets<Index>(nd, k, off, 2);
@@ -246,8 +242,7 @@ __global__ void copy_kernel(const uint32_t* src, uint32_t* dst, Nd4 nd, int64_t 
 // add: operands a, b, out. bytes: 12 per element.
 template <typename Index>
 __global__ void add_kernel(const float* a, const float* b, float* out, Nd4 nd, int64_t total) {
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < total; k += int64_t(gridDim.x) * blockDim.x) {
     int64_t off[3];
     nd4_offsets<Index>(nd, k, off, 3);
@@ -259,8 +254,7 @@ __global__ void add_kernel(const float* a, const float* b, float* out, Nd4 nd, i
 // one block would walk serially). bytes: 12 per element; out may alias gate (same-index read, write).
 __global__ void silu_mul_kernel(const float* gate, int64_t g_stride, const float* up, int64_t u_stride, float* out,
                                 int64_t o_stride, int64_t d) {
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int64_t t = blockIdx.x;
   const float* g = gate + t * g_stride;
   const float* u = up + t * u_stride;
@@ -282,8 +276,7 @@ __global__ void __launch_bounds__(kThreads)
     rope_kernel(float* x, int64_t t_stride, int64_t h_stride, int heads, int pairs, const int32_t* positions,
                 int64_t pos_stride, const float* inv_freq, int64_t freq_stride, float factor, bool interleaved) {
   extern __shared__ float cos_sin[];  // [pairs] cos then [pairs] sin
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int64_t t = blockIdx.x;
   float* row = x + t * t_stride;
   const int total = heads * pairs;

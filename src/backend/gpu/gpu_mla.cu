@@ -91,8 +91,7 @@ template <typename CacheT>
 __global__ void kv_cache_write_kernel(const float* __restrict__ latent, int64_t latent_stride,
                                       const int32_t* __restrict__ slots, int64_t slot_stride, CacheT* __restrict__ cache,
                                       int64_t kv_dim, int64_t num_slots) {
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t * slot_stride];
   if (slot < 0 || slot >= num_slots) return;

@@ -145,8 +145,7 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   // Launched with PDL: wait for the previous kernel (q's last writer) before reading anything, then
   // let the next grid (the combine, or expand_v's matvec) launch: its CTAs wait in their own pdl_wait
   // until this grid has completed, so only its launch latency is hidden.
-  pdl_wait();
-  pdl_trigger();
+  pdl_enter();
 
   const TokenRange tr = token_range(a, token);
   const int seq = tr.seq, limit = tr.limit;

@@ -96,8 +96,7 @@ __global__ void __launch_bounds__(kRouteWarps * kWarpSize) moe_route_kernel(
     int num_tokens, int num_experts, int n_group, int topk_group, int top_k, int norm, float scale,
     int32_t* __restrict__ ids, int64_t ids_stride, float* __restrict__ weights, int64_t weights_stride) {
   extern __shared__ float route_smem[];
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int lane = int(threadIdx.x) % kWarpSize, warp = int(threadIdx.x) / kWarpSize;
   const int64_t t = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
   if (t >= num_tokens) return;  // a whole warp: nothing below waits for it
@@ -206,8 +205,7 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(const DeviceExpe
   __shared__ int count[kMaxExperts];
   __shared__ int cursor[kMaxExperts];
   __shared__ unsigned char is_held[kMaxExperts];
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   constexpr int kPlanWarps = kPlanThreads / kWarpSize;
   static_assert(kPlanWarps <= kWarpSize, "warp 0 scans the warp totals");
   __shared__ int warp_total[3][kPlanWarps];
@@ -298,8 +296,7 @@ __global__ void moe_combine_kernel(const DeviceExpert* __restrict__ table, int n
                                    const float* __restrict__ w, int64_t w_stride, int top_k,
                                    const float* __restrict__ y, int64_t hidden, float* __restrict__ out,
                                    int64_t out_stride) {
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (o >= hidden) return;
   const int64_t t = blockIdx.y;

@@ -413,8 +413,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 argmax_kernel(const float* logits, int64_t l_stride, int32_t* out_ids, int64_t o_stride, int vocab,
               unsigned long long* slots, unsigned* tickets) {
   __shared__ unsigned long long warp_best[kArgmaxThreads / kWarpSize];
-  pdl_wait();     // launched with PDL (launch_maybe_pdl): every earlier kernel is complete past here
-  pdl_trigger();  // the next kernel, if launched with PDL, may start (and a matvec issue its weight loads)
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int tid = int(threadIdx.x);
   const int64_t b = blockIdx.x;
   const float* z = logits + b * l_stride;
