@@ -120,6 +120,26 @@ TEST(GpuParityMlaTc, AdaptiveSplitsShortAndLongContexts) {
   }
 }
 
+// Each geometry of the mma.sync kernel's plan (plan_for in gpu_mla_decode_tc.cu; the mma.sync kernel
+// forced, since Auto takes wgmma for some of these shapes on sm_90). On a 132-SM H200:
+//   - 40 tokens x 128 heads: 32-head CTAs (40 x 4 = 160 head tiles fill the GPU unsplit), 64-key tiles;
+//   - 2 tokens x 128 heads: 16-head CTAs, 64-key tiles, one CTA per SM (16 tiles < a quarter wave);
+//   - 48 tokens x 16 heads: 16-head CTAs on 32-key units, two CTAs per SM (48 >= a quarter wave).
+// Contexts cross the 32- and 64-key edges and leave some rows with a unit wholly past their limit.
+TEST(GpuParityMlaTc, EveryMmaSyncGeometry) {
+  if (!tc_available()) GTEST_SKIP() << "no tensor-core MLA decode on this device";
+  std::mt19937 rng(405);
+  auto rows = [](int n) {
+    std::vector<SeqSpec> v;
+    for (int i = 0; i < n; ++i) v.push_back({1, 1 + (i * 97) % 700});
+    return v;
+  };
+  const gpu::MlaDecodeKernel mma = gpu::MlaDecodeKernel::MmaSync;
+  tc_case(rng, 128, rows(40), 64, false, -1, mma);
+  tc_case(rng, 128, {{1, 1100}, {1, 97}}, 16, true, -1, mma);
+  tc_case(rng, 16, rows(48), 16, true, -1, mma);
+}
+
 // q rows that are not 16-byte aligned (row pad 3 floats) take the scalar q staging loop; same values.
 TEST(GpuParityMlaTc, UnalignedQRows) {
   if (!tc_available()) GTEST_SKIP() << "no tensor-core MLA decode on this device";
