@@ -268,20 +268,24 @@ void DeepseekV3::attention(int layer, const TensorView& x, const TensorView& cac
 
   // Queries: q = q_b(norm(q_a x)) or q_proj x.                    {T, H*(d_n+d_r)}
   const TensorView q = ws.q.slice(0, 0, T);
+  // Latent: [c_kv | k_rope] = kv_a x; c_kv normalized, k_rope rotated, then cached.  {T, r+d_r}
+  const TensorView kv = ws.kv.slice(0, 0, T);
   if (cfg_.q_lora_rank) {
+    // q_a and kv_a read the same x: one group (on a GPU one pass filling the device, where kv_a's
+    // 576 rows alone leave it mostly idle).
     const TensorView q_lat = ws.q_latent.slice(0, 0, T);             // {T, q_lora_rank}
-    backend_.linear(x, w.q_a_proj, q_lat);
+    const ops::Weight* proj[] = {&w.q_a_proj, &w.kv_a_proj_with_mqa};
+    const TensorView proj_out[] = {q_lat, kv};
+    backend_.linear_group(x, proj, proj_out);
     backend_.rms_norm(q_lat, w.q_a_layernorm, kLatentNormEps, q_lat);
     backend_.linear(q_lat, w.q_b_proj, q);
   } else {
     backend_.linear(x, w.q_proj, q);
+    backend_.linear(x, w.kv_a_proj_with_mqa, kv);
   }
   const TensorView q3 = q.reshape({T, H, dn + dr});                  // {T, H, d_n+d_r}
   const TensorView q_rope = q3.slice(2, dn, dr);                     // {T, H, d_r} strided
 
-  // Latent: [c_kv | k_rope] = kv_a x; c_kv normalized, k_rope rotated, then cached.  {T, r+d_r}
-  const TensorView kv = ws.kv.slice(0, 0, T);
-  backend_.linear(x, w.kv_a_proj_with_mqa, kv);
   const TensorView c_kv = kv.slice(1, 0, r);                         // {T, r} strided
   backend_.rms_norm(c_kv, w.kv_a_layernorm, kLatentNormEps, c_kv);
   TensorView k_rope = kv.slice(1, r, dr);                            // {T, 1, d_r}: one key shared by all heads
@@ -315,8 +319,9 @@ void DeepseekV3::ffn(int layer, const TensorView& x, const TensorView& out) {
   auto mlp = [&](const ops::ExpertWeights& e, const TensorView& y) {  // y = down(silu(gate x) * up x)
     const TensorView g = ws.gate.slice(0, 0, T).slice(1, 0, e.gate_proj.out_features);
     const TensorView u = ws.up.slice(0, 0, T).slice(1, 0, e.up_proj.out_features);
-    backend_.linear(x, e.gate_proj, g);
-    backend_.linear(x, e.up_proj, u);
+    const ops::Weight* proj[] = {&e.gate_proj, &e.up_proj};  // one input: one group
+    const TensorView proj_out[] = {g, u};
+    backend_.linear_group(x, proj, proj_out);
     backend_.silu_mul(g, u, g);
     backend_.linear(g, e.down_proj, y);
   };

@@ -285,9 +285,9 @@ void Eagle3Draft::forward(const spec::DraftForwardInputs& in, const TensorView& 
   // Llama attention with RoPE (rotate_half) over the draft's own paged cache.
   const TensorView q = ws.q.slice(0, 0, T);                            // {T, Hq*D}
   const TensorView k = ws.k.slice(0, 0, T), v = ws.v.slice(0, 0, T);   // {T, KVH*D}
-  backend_.linear(x, w.q_proj, q);
-  backend_.linear(x, w.k_proj, k);
-  backend_.linear(x, w.v_proj, v);
+  const ops::Weight* qkv_proj[] = {&w.q_proj, &w.k_proj, &w.v_proj};  // one input: one group
+  const TensorView qkv[] = {q, k, v};
+  backend_.linear_group(x, qkv_proj, qkv);
   backend_.rope(q.reshape({T, Hq, D}), positions, rope_);
   backend_.rope(k.reshape({T, KVH, D}), positions, rope_);
   backend_.gqa_cache_write(k, v, batch.slot_mapping, cache);
@@ -302,8 +302,9 @@ void Eagle3Draft::forward(const spec::DraftForwardInputs& in, const TensorView& 
   const TensorView xn = ws.normed.slice(0, 0, T);                      // {T, H}
   backend_.rms_norm(r, w.post_attention_layernorm, eps, xn);
   const TensorView g = ws.gate.slice(0, 0, T), u = ws.up.slice(0, 0, T);  // {T, I}
-  backend_.linear(xn, w.gate_proj, g);
-  backend_.linear(xn, w.up_proj, u);
+  const ops::Weight* mlp_proj[] = {&w.gate_proj, &w.up_proj};
+  const TensorView mlp_out[] = {g, u};
+  backend_.linear_group(xn, mlp_proj, mlp_out);
   backend_.silu_mul(g, u, g);
   backend_.linear(g, w.down_proj, a);                                  // a now holds the MLP output
   const TensorView out = ws.out.slice(0, 0, T);                        // {T, H} pre-norm layer output

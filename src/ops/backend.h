@@ -141,6 +141,14 @@ class Backend {
   // out = x W^T. x F32 [T, in] strided; out F32 [T, out] strided, must not alias x.
   // Any WeightFormat; dequantization happens inside (no whole-weight inflation).
   virtual void linear(const TensorView& x, const Weight& w, const TensorView& out) = 0;
+  // out[i] = x w[i]^T for every i: several weights of one input (q_a + kv_a, gate + up), each pair
+  // under linear's contract; w.size() == out.size() <= kMaxLinearGroup, no out aliasing x or
+  // another out. A backend may run the group as one pass over x whose work spans every weight's
+  // rows (narrow weights alone cannot fill a GPU); each out[i] then equals linear(x, *w[i])'s up
+  // to the order of its K sums, which depends on the group's shapes only (never on the batch).
+  static constexpr size_t kMaxLinearGroup = 4;
+  virtual void linear_group(const TensorView& x, std::span<const Weight* const> w,
+                            std::span<const TensorView> out) = 0;
 
   // ---- MLA attention over the paged latent cache ------------------------------------------------
   // cache[slot_mapping[t], :] = latent[t, :]. latent F32 [T, kv_dim] strided (rows = [c_kv | k_rope],

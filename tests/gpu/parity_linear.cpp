@@ -3,6 +3,7 @@
 // tensor-core, dequantize-to-bf16 + cuBLASLt) x
 // odd shapes that straddle the tiles, contiguous and strided x/out rows, both GemmPrecision modes, and
 // graph capture/replay. The exact paths are held to fp32 reassociation error; Bf16 to 2^-8.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -212,6 +213,7 @@ TEST(GpuParityLinear, GemvTensorCore) {
     for (int64_t T : {1, 3, 8, 9, 16})
       check_case(*bf16_be, sh.kind, w, rng, T, (flip++ & 1) != 0, LinearPath::GemvTc, bf16_tol(sh.in), " [bf16 mode]");
     check_case(*bf16_be, sh.kind, w, rng, 5, true, LinearPath::Auto, bf16_tol(sh.in), " [bf16 mode]");
+
   }
   const Shape refuses[] = {{WeightKind::FP8, 300, 192},
                            {WeightKind::FP8, 320, 100},
@@ -257,6 +259,99 @@ TEST(GpuParityLinear, DequantBlas) {
           gpu::linear_set_dequant_chunk_rows(be, 0);
           check_case(be, kind, w, rng, 111, true, LinearPath::Auto, tol, fmt::format(" [{} mode]", mode));
         }
+  }
+}
+
+// linear_group against the CPU's separate calls. One tensor-core launch (Bf16 mode, T <= 16):
+// DeepSeek's q_a + kv_a (FP8, 1536 + 576 rows of 7168: K split over 33 row blocks, so the split-K
+// tickets and partial planes span both parts), a 64-row part between wider ones, three INT4 parts,
+// four BF16 parts (the most a launch takes), each call reusing the tickets the last one left at zero.
+// Separate calls: mixed formats, a width the path refuses, different widths, T = 17 (prefill paths)
+// and the exact Fp32 precision. Outputs strided and contiguous in turn; x too.
+TEST(GpuParityLinear, Group) {
+  auto made = gpu::make_gpu_backend({.gemm_precision = gpu::GemmPrecision::Bf16});
+  ASSERT_TRUE(made.is_ok()) << made.status().message();
+  std::unique_ptr<ops::Backend> bf16_be = std::move(made).value();
+  struct Part {
+    WeightKind kind;
+    int64_t in, out;
+  };
+  struct Group {
+    std::vector<Part> parts;
+    bool one_launch;  // at T <= 16 in Bf16 mode
+  };
+  const Group groups[] = {
+      {{{WeightKind::FP8, 7168, 1536}, {WeightKind::FP8, 7168, 576}}, true},
+      {{{WeightKind::FP8, 2560, 192}, {WeightKind::FP8, 2560, 64}, {WeightKind::FP8, 2560, 320}}, true},
+      {{{WeightKind::INT4_BF16, 1024, 320}, {WeightKind::INT4_BF16, 1024, 128}, {WeightKind::INT4_BF16, 1024, 64}},
+       true},
+      {{{WeightKind::BF16, 320, 192}, {WeightKind::BF16, 320, 64}, {WeightKind::BF16, 320, 128},
+        {WeightKind::BF16, 320, 256}},
+       true},
+      {{{WeightKind::FP8, 512, 128}, {WeightKind::BF16, 512, 128}}, false},
+      {{{WeightKind::FP8, 512, 128}, {WeightKind::FP8, 512, 100}}, false},
+      {{{WeightKind::FP8, 512, 128}, {WeightKind::FP8, 640, 128}}, false},
+  };
+  std::mt19937 rng(1113);
+  int flip = 0;
+  for (const Group& grp : groups) {
+    const size_t n = grp.parts.size();
+    std::vector<TwinWeight> tw(n);
+    std::vector<const ops::Weight*> wc, wg;
+    for (size_t i = 0; i < n; ++i) {
+      make_twin_weight(tw[i], rng, grp.parts[i].kind, grp.parts[i].out, grp.parts[i].in);
+      wc.push_back(&tw[i].cpu);
+      wg.push_back(&tw[i].gpu);
+    }
+    const int64_t in0 = grp.parts[0].in;
+    for (const bool bf16 : {true, false})
+      for (const int64_t T : {1, 3, 9, 16, 17}) {
+        if (!bf16 && T > 3) continue;
+        ops::Backend& be = bf16 ? *bf16_be : gpu_backend();
+        // Parts of different widths take x of part 0's width only if they match; give each group
+        // one x of its own width (the mismatched group runs with per-part x below).
+        const bool same_in = std::all_of(grp.parts.begin(), grp.parts.end(), [&](const Part& p) { return p.in == in0; });
+        const bool expect_one = bf16 && T <= 16 && grp.one_launch && gpu::linear_gemv_tc_supports(be, tw[0].gpu);
+        EXPECT_EQ(expect_one, gpu::linear_group_one_launch(be, T, wg)) << "group " << &grp - groups << " T " << T;
+        if (!same_in) continue;  // weights of different widths cannot share x: only the decision is checked
+        const bool strided = (flip++ & 1) != 0;
+        Twin x = strided ? twin_random(rng, DType::F32, {T, in0 + 5}).slice(1, 3, in0)
+                         : twin_random(rng, DType::F32, {T, in0});
+        std::vector<Twin> outs;
+        std::vector<TensorView> oc, og;
+        for (size_t i = 0; i < n; ++i) {
+          const int64_t o = grp.parts[i].out;
+          outs.push_back(strided ? twin_output(DType::F32, {T, o + 3}).slice(1, 1, o) : twin_output(DType::F32, {T, o}));
+          oc.push_back(outs.back().cpu);
+          og.push_back(outs.back().gpu);
+        }
+        cpu_backend().linear_group(x.cpu, wc, oc);
+        be.linear_group(x.gpu, wg, og);
+        be.synchronize();
+        const Tolerance tol = bf16 ? bf16_tol(in0) : exact_tol(in0);
+        for (size_t i = 0; i < n; ++i)
+          EXPECT_TRUE(check_parity("linear_group",
+                                   fmt::format("{} part {}/{} in={} out={} T={}{}{}", weight_kind_name(grp.parts[i].kind),
+                                               i, n, in0, grp.parts[i].out, T, strided ? " strided" : "",
+                                               expect_one ? " [one launch]" : bf16 ? " [bf16 mode, separate]" : ""),
+                                   outs[i], tol));
+        if (!expect_one || T != 3) continue;
+        // Captured and replayed into freshly poisoned outputs (the eager call above grew the scratch).
+        std::vector<Twin> fresh;
+        std::vector<TensorView> fg;
+        for (size_t i = 0; i < n; ++i) {
+          fresh.push_back(twin_output(DType::F32, {T, grp.parts[i].out}));
+          fg.push_back(fresh.back().gpu);
+        }
+        const TensorView xg = x.gpu;
+        std::unique_ptr<ops::OpGraph> graph = be.capture([&] { be.linear_group(xg, wg, fg); });
+        graph->replay();
+        be.synchronize();
+        for (size_t i = 0; i < n; ++i) {
+          cpu_backend().linear(x.cpu, *wc[i], fresh[i].cpu);
+          EXPECT_TRUE(check_parity("linear_group", fmt::format("graph replay part {}/{} T={}", i, n, T), fresh[i], tol));
+        }
+      }
   }
 }
 

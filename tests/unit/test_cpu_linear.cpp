@@ -165,6 +165,36 @@ TEST(CpuLinear, ZeroTokensIsANoOp) {
   EXPECT_EQ(dummy, 0.0f);
 }
 
+// linear_group is the separate linear calls, bit for bit, on every weight of the group (formats
+// mixed, strided outputs), in both regimes.
+TEST(CpuLinear, GroupEqualsSeparateCalls) {
+  std::mt19937 rng(24);
+  TestWeight a, b, c;
+  make_fp8(a, rng, 200, 300);
+  make_dense(b, rng, 37, 300, DType::BF16);
+  make_int4(c, rng, 64, 300, DType::BF16);
+  const ops::Weight* ws[] = {&a.w, &b.w, &c.w};
+  for (auto& be : both_modes())
+    for (const int64_t T : kTokenCounts) {
+      std::vector<float> x = random_floats(rng, size_t(T * 300));
+      const TensorView xv = view_of(x, {T, 300});
+      std::vector<std::vector<float>> grouped, alone;
+      std::vector<TensorView> outs;
+      for (const ops::Weight* w : ws) {
+        grouped.push_back(nan_filled(size_t(T * (w->out_features + 2))));
+        outs.push_back(strided_view(grouped.back().data(), DType::F32, {T, w->out_features}, {w->out_features + 2, 1}));
+      }
+      be->linear_group(xv, ws, outs);
+      for (size_t i = 0; i < 3; ++i) {
+        alone.push_back(nan_filled(size_t(T * (ws[i]->out_features + 2))));
+        be->linear(xv, *ws[i],
+                   strided_view(alone.back().data(), DType::F32, {T, ws[i]->out_features}, {ws[i]->out_features + 2, 1}));
+        ASSERT_EQ(0, std::memcmp(grouped[i].data(), alone[i].data(), grouped[i].size() * sizeof(float)))
+            << "weight " << i << " T " << T;  // NaN padding compares equal bytewise too
+      }
+    }
+}
+
 TEST(CpuLinearDeathTest, RejectsShapeMismatchAndAliasing) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto be = cpu::make_cpu_backend();
@@ -174,6 +204,12 @@ TEST(CpuLinearDeathTest, RejectsShapeMismatchAndAliasing) {
   std::vector<float> x = random_floats(rng, 16), y(16);
   EXPECT_DEATH(be->linear(view_of(x, {2, 8}), tw.w, view_of(y, {2, 7})), "linear");
   EXPECT_DEATH(be->linear(view_of(x, {2, 8}), tw.w, view_of(x, {2, 8})), "aliases");
+  const ops::Weight* two[] = {&tw.w, &tw.w};
+  const TensorView distinct[] = {view_of(y, {2, 8}), view_of(x, {2, 8})};
+  const TensorView same[] = {view_of(y, {2, 8}), view_of(y, {2, 8})};
+  EXPECT_DEATH(be->linear_group(view_of(x, {2, 8}), two, std::span(distinct, 1)), "linear_group");
+  EXPECT_DEATH(be->linear_group(view_of(x, {2, 8}), two, same), "aliases out");
+  EXPECT_DEATH(be->linear_group(view_of(x, {2, 8}), two, distinct), "aliases x");
 }
 
 }  // namespace

@@ -48,6 +48,8 @@ class CpuBackend final : public ops::Backend {
 
   // GEMM (cpu_linear.cpp)
   void linear(const TensorView& x, const ops::Weight& w, const TensorView& out) override;
+  void linear_group(const TensorView& x, std::span<const ops::Weight* const> w,
+                    std::span<const TensorView> out) override;
 
   // MLA (cpu_mla.cpp)
   void kv_cache_write(const TensorView& latent, const TensorView& slot_mapping, const TensorView& cache) override;

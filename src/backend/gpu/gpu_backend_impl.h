@@ -54,6 +54,8 @@ class GpuBackend final : public ops::Backend {
 
   // GEMM (gpu_linear.cu)
   void linear(const TensorView& x, const ops::Weight& w, const TensorView& out) override;
+  void linear_group(const TensorView& x, std::span<const ops::Weight* const> w,
+                    std::span<const TensorView> out) override;
 
   // MLA (gpu_mla.cu)
   void kv_cache_write(const TensorView& latent, const TensorView& slot_mapping, const TensorView& cache) override;

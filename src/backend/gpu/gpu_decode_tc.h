@@ -57,19 +57,28 @@ DenseTcSplit dense_tc_split(MoeFormat format, int64_t in, int64_t out);
 // K of width `in` cut into about `want` equal ranges of whole chunks (at most one per chunk).
 DenseTcSplit dense_tc_split_into(MoeFormat format, int64_t in, int64_t want);
 
-struct DenseTcArgs {
+// One weight of a launch and where its rows go. A launch takes up to kDenseTcMaxParts weights of
+// one input and one format and width (linear_group: q_a + kv_a, gate + up); its grid runs over every
+// part's 64-row blocks in order, so narrow weights share one wave instead of each leaving the GPU
+// mostly idle, and the input is staged once per CTA for all of them.
+constexpr int kDenseTcMaxParts = 4;
+struct DenseTcPart {
   DeviceWeight w;            // heads > 1: head h's matrix is rows [h * w_head_rows, + out) of w
+  float* y = nullptr;        // out: row t at y + t * y_stride (+ h * y_head_stride)
+  int64_t y_stride = 0;
+};
+struct DenseTcArgs {
+  DenseTcPart part[kDenseTcMaxParts];
+  int num_parts = 1;         // parts share in, format and the split
   const float* x;            // [tokens * heads, in] fp32 rows, row t * heads + h
   int64_t x_stride;          // elements between those rows
   int tokens;
-  int heads = 1;             // per-head matvecs (one split only; FP8: w_head_rows % 128 == 0)
+  int heads = 1;             // per-head matvecs (one part, one split only; FP8: w_head_rows % 128 == 0)
   int64_t w_head_rows = 0;
   int64_t y_head_stride = 0; // elements between heads in y
-  DenseTcSplit split;
-  float* y;                  // out: row t at y + t * y_stride (+ h * y_head_stride)
-  int64_t y_stride;
-  float* partial = nullptr;     // splits > 1: dense_tc_partial_bytes of scratch
-  unsigned* tickets = nullptr;  // splits > 1: [w.out / 64] counters, zero between calls (left zero)
+  DenseTcSplit split;        // from the parts' summed rows: dense_tc_split(format, in, total rows)
+  float* partial = nullptr;     // splits > 1: dense_tc_partial_bytes(split, tokens, total rows) of scratch
+  unsigned* tickets = nullptr;  // splits > 1: [total rows / 64] counters, zero between calls (left zero)
 };
 size_t dense_tc_partial_bytes(const DenseTcSplit& split, int64_t tokens, int64_t out);
 void dense_tc_launch(MoeFormat format, const DenseTcArgs& args, Stream stream);

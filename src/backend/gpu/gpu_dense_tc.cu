@@ -130,8 +130,21 @@ constexpr size_t kStageBudget = 10 * 1024;          // staged x per CTA (next to
 static_assert(kCtaRows == kActChunk, "a CTA's 64 rows lie in one 128-row FP8 scale block");
 static_assert(kWarpSize == 32, "mma.sync fragments assume 32-lane warps");
 
+// A part as the kernel sees it: its weight's rows and scales, its output, and the first grid row
+// (blockIdx.y) of its 64-row blocks.
+struct DenseTcPartParams {
+  const void* data;
+  const void* scale;
+  int64_t data_stride, scale_stride;
+  float* y;
+  int64_t y_stride;
+  int cta_begin;
+};
+
 struct DenseTcParams {
-  DeviceWeight w;
+  DenseTcPartParams part[kDenseTcMaxParts];
+  int num_parts;
+  int64_t in, total_out;  // every part's width; the parts' rows summed (the partial planes' width)
   const float* x;  // activation row r = t * heads + h at x + r * x_stride
   int64_t x_stride;
   bool x_vec;      // x and x_stride 16-byte aligned: float4 staging loads
@@ -141,9 +154,7 @@ struct DenseTcParams {
   int splits;
   int window;      // chunks of x staged in shared memory at a time (a multiple of kU, or the split)
   int stage_cols;  // columns the shared-memory layout holds: min(tokens, kCols)
-  float* y;
-  int64_t y_stride;
-  float* partial;  // splits > 1: [splits][tokens][out]
+  float* partial;  // splits > 1: [splits][tokens][total_out], part rows at their cta_begin * 64
   unsigned* tickets;
 };
 
@@ -224,7 +235,10 @@ __device__ __forceinline__ void stage_x(const DenseTcParams& p, const StageLayou
 }
 
 // Per warp, kStages bursts of its 16 rows x kU chunks (64 bytes of a row per chunk in every format):
-// 8 KB of weight bytes a stage, plus (INT4) the 16 rows' group scales of those chunks (1 KB).
+// 8 KB of weight bytes a stage, plus (INT4) the 16 rows' group scales of those chunks (1 KB). (Four
+// stages at one CTA per SM, three bursts in flight per warp, measured slower on every DeepSeek
+// shape, H200 2026-12-02: a CTA's rate is bound by its warps' dependent convert / mma chains, not by
+// its loads in flight; docs/performance.md, session 8.)
 constexpr int kStages = 2;
 constexpr int kStageU4 = kTileM * kU * 4;     // uint4 per weight stage: 16 rows x 32 pieces
 constexpr int kScaleU16 = kTileM * kU * 4;    // INT4 scales per stage: 16 rows x 8 chunks x 4 groups
@@ -235,9 +249,9 @@ constexpr size_t ring_bytes(MoeFormat f) {
 // g and g + 8, pieces 4u + t) then touches 8 distinct 16-byte bank groups per quarter warp.
 __device__ __forceinline__ int swz(int r) { return (r & 1) << 2; }
 
-// Grid (splits, out / 64, heads); warp w owns the m16 tile of output rows 64 blockIdx.y + 16 w of
-// head blockIdx.z's matrix, over split blockIdx.x's chunks, for every token (8 columns per pass;
-// a second pass re-streams the weights). See gpu_decode_tc.cu for the fragment layout: lane (g, t)
+// Grid (splits, total_out / 64, heads); warp w owns the m16 tile of output rows 64 r + 16 w of head
+// blockIdx.z's matrix of the part holding row block blockIdx.y (its r-th), over split blockIdx.x's
+// chunks, for every token (8 columns per pass; a second pass re-streams the weights). See gpu_decode_tc.cu for the fragment layout: lane (g, t)
 // takes piece t of each 64-byte chunk of rows g and g + 8.
 //
 // Weights reach the mma through a per-warp ring of shared memory filled by cp.async (one row's 512
@@ -271,18 +285,24 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_ker
   [[maybe_unused]] float* s_scale = reinterpret_cast<float*>(stage_base + l.scale_off);
   unsigned* s_last = reinterpret_cast<unsigned*>(stage_base + l.bytes);  // the split-K ticket's verdict
 
+  // This CTA's part: the last whose first row block is <= blockIdx.y (static indices, so the
+  // parameters stay in the constant bank).
+  DenseTcPartParams pt = p.part[0];
+#pragma unroll
+  for (int i = 1; i < kDenseTcMaxParts; ++i)
+    if (i < p.num_parts && int(blockIdx.y) >= p.part[i].cta_begin) pt = p.part[i];
   const int head = int(blockIdx.z);
-  const int64_t out = p.w.out;
-  const int64_t cta_row0 = int64_t(blockIdx.y) * kCtaRows, row0 = cta_row0 + warp * kTileM;
+  const int64_t cta_row0 = int64_t(int(blockIdx.y) - pt.cta_begin) * kCtaRows, row0 = cta_row0 + warp * kTileM;
+  const int64_t prow0 = int64_t(blockIdx.y) * kCtaRows + warp * kTileM;  // row0 in the partial planes
+  const int64_t c_begin = int64_t(blockIdx.x) * p.chunks_per_split;
+  const int64_t c_end = min(p.in / kChunkK, c_begin + p.chunks_per_split);
   // Head h's matrix starts at weight row h * w_head_rows (a multiple of 128 for FP8: the host checks).
   const int64_t wrow0 = int64_t(head) * p.w_head_rows;
-  const int64_t c_begin = int64_t(blockIdx.x) * p.chunks_per_split;
-  const int64_t c_end = min(p.w.in / kChunkK, c_begin + p.chunks_per_split);
-  const char* wbase = static_cast<const char*>(p.w.data) + (wrow0 + row0) * p.w.data_stride * kRowUnit;
+  const char* wbase = static_cast<const char*>(pt.data) + (wrow0 + row0) * pt.data_stride * kRowUnit;
   [[maybe_unused]] const uint16_t* i4_scale =
-      kI4 ? static_cast<const uint16_t*>(p.w.scale) + (wrow0 + row0) * p.w.scale_stride : nullptr;
+      kI4 ? static_cast<const uint16_t*>(pt.scale) + (wrow0 + row0) * pt.scale_stride : nullptr;
   [[maybe_unused]] const float* fp8_scale =
-      kFp8 ? static_cast<const float*>(p.w.scale) + ((wrow0 + cta_row0) / 128) * p.w.scale_stride : nullptr;
+      kFp8 ? static_cast<const float*>(pt.scale) + ((wrow0 + cta_row0) / 128) * pt.scale_stride : nullptr;
 
   // Burst order, the same for every warp: pass (8 token columns) -> window -> kU-chunk bursts.
   struct Cursor {
@@ -313,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_ker
       const int bytes = c < lim ? 16 : 0;
 #pragma unroll
       for (int r = 0; r < kTileM; ++r) {
-        const char* src = wbase + int64_t(r) * p.w.data_stride * kRowUnit + (bytes ? ic.c0 * 64 + lane * 16 : 0);
+        const char* src = wbase + int64_t(r) * pt.data_stride * kRowUnit + (bytes ? ic.c0 * 64 + lane * 16 : 0);
         mma::cp_async16(mma::smem_addr(st + r * 32 + (lane ^ swz(r))), src, bytes);
       }
       if constexpr (kI4) {
@@ -322,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_ker
         for (int j = 0; j < 4; ++j) {  // 16 rows x 8 chunks of 4 group scales, 8 bytes each
           const int q = lane + 32 * j, r = q / kU, pc = q % kU;
           const int64_t cc = ic.c0 + pc;
-          const uint16_t* src = i4_scale + int64_t(r) * p.w.scale_stride + (cc < lim ? 4 * cc : 0);
+          const uint16_t* src = i4_scale + int64_t(r) * pt.scale_stride + (cc < lim ? 4 * cc : 0);
           mma::cp_async8(mma::smem_addr(sst + r * (kU * 4) + pc * 4), src, cc < lim ? 8 : 0);
         }
       }
@@ -348,7 +368,8 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_ker
       __syncthreads();     // the previous window's readers are done
       stage_x<F>(p, l, s_act, s_inv, cc.p0, ncols, head, cc.w0, int(w_end - cc.w0));
       if constexpr (kFp8)
-        for (int i = tid; i <= int((w_end - 1) / 2 - cc.w0 / 2); i += kThreads) s_scale[i] = fp8_scale[cc.w0 / 2 + i];
+        for (int i = tid; i <= int((w_end - 1) / 2 - cc.w0 / 2); i += kThreads)
+          s_scale[i] = fp8_scale[cc.w0 / 2 + i];
       __syncthreads();
     }
     mma::cp_async_wait<kStages - 2>();  // burst `consumed` has landed (this lane's copies)
@@ -415,9 +436,9 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_ker
       for (int i = 0; i < 4; ++i) {
         const int col = 2 * t + i % 2;
         if (col < ncols) {
-          const int64_t row = row0 + g + 8 * (i / 2);
-          if (p.splits == 1) p.y[int64_t(cc.p0 + col) * p.y_stride + head * p.y_head_stride + row] = acc[i];
-          else p.partial[(int64_t(blockIdx.x) * p.tokens + cc.p0 + col) * out + row] = acc[i];
+          const int64_t r = g + 8 * (i / 2);
+          if (p.splits == 1) pt.y[int64_t(cc.p0 + col) * pt.y_stride + head * p.y_head_stride + row0 + r] = acc[i];
+          else p.partial[(int64_t(blockIdx.x) * p.tokens + cc.p0 + col) * p.total_out + prow0 + r] = acc[i];
         }
         acc[i] = 0.0f;
       }
@@ -441,10 +462,11 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_ker
     for (int i = 0; i < 4; ++i) {
       const int col = 2 * t + i % 2;
       if (col >= ncols) continue;
-      const int64_t row = row0 + g + 8 * (i / 2);
+      const int64_t r = g + 8 * (i / 2);
       float sum = 0.0f;
-      for (int s = 0; s < p.splits; ++s) sum += __ldcg(p.partial + (int64_t(s) * p.tokens + p0 + col) * out + row);
-      p.y[int64_t(p0 + col) * p.y_stride + row] = sum;
+      for (int s = 0; s < p.splits; ++s)
+        sum += __ldcg(p.partial + (int64_t(s) * p.tokens + p0 + col) * p.total_out + prow0 + r);
+      pt.y[int64_t(p0 + col) * pt.y_stride + row0 + r] = sum;
     }
   }
   if (tid == 0) p.tickets[blockIdx.y] = 0u;
@@ -452,7 +474,16 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_ker
 
 template <MoeFormat F> void launch_dense(const DenseTcArgs& a, Stream stream) {
   DenseTcParams p{};
-  p.w = a.w;
+  p.num_parts = a.num_parts;
+  p.in = a.part[0].w.in;
+  int ctas = 0;
+  for (int i = 0; i < a.num_parts; ++i) {
+    const DenseTcPart& src = a.part[i];
+    p.part[i] = DenseTcPartParams{src.w.data, src.w.scale, src.w.data_stride, src.w.scale_stride, src.y, src.y_stride,
+                                  ctas};
+    ctas += int(src.w.out / kActChunk);
+  }
+  p.total_out = int64_t(ctas) * kActChunk;
   p.x = a.x;
   p.x_stride = a.x_stride;
   p.x_vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.x_stride % 4 == 0;
@@ -471,13 +502,11 @@ template <MoeFormat F> void launch_dense(const DenseTcArgs& a, Stream stream) {
     while (stage_layout(F, window + kU, p.stage_cols).bytes <= kStageBudget) window += kU;
   }
   p.window = window;
-  p.y = a.y;
-  p.y_stride = a.y_stride;
   p.partial = a.partial;
   p.tickets = a.tickets;
   const size_t smem = ring_bytes(F) + stage_layout(F, window, p.stage_cols).bytes + 16;  // + s_last
   MLA_GPU_CHECK(cudaFuncSetAttribute(dense_tc_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned(a.split.splits), unsigned(a.w.out / kActChunk), unsigned(a.heads));
+  const dim3 grid(unsigned(a.split.splits), unsigned(ctas), unsigned(a.heads));
   mma::launch_maybe_pdl(dense_tc_kernel<F>, grid, dim3(kThreads), smem, true, stream, p);
 }
 
@@ -485,11 +514,20 @@ template <MoeFormat F> void launch_dense(const DenseTcArgs& a, Stream stream) {
 
 void dense_tc_launch(MoeFormat format, const DenseTcArgs& args, Stream stream) {
   const bool split_ok = args.split.splits == 1 || (args.heads == 1 && args.partial != nullptr && args.tickets != nullptr);
-  MLA_CHECK(dense_tc_weight_ok(format, args.w) && args.tokens > 0 && args.split.splits >= 1 &&
-                args.split.splits <= 65535 && args.heads >= 1 && args.heads <= 65535 && split_ok &&
+  const bool parts_ok = args.num_parts >= 1 && args.num_parts <= kDenseTcMaxParts && (args.num_parts == 1 || args.heads == 1);
+  int64_t rows = 0;
+  for (int i = 0; parts_ok && i < args.num_parts; ++i) {
+    const DenseTcPart& pt = args.part[i];
+    MLA_CHECK(dense_tc_weight_ok(format, pt.w) && pt.w.in == args.part[0].w.in && pt.y != nullptr,
+              "dense_tc_launch: part {} of {}: format {} in {} out {} (part 0 in {})", i, args.num_parts, int(format),
+              pt.w.in, pt.w.out, args.part[0].w.in);
+    rows += pt.w.out;
+  }
+  MLA_CHECK(parts_ok && args.tokens > 0 && args.split.splits >= 1 && args.split.splits <= 65535 && args.heads >= 1 &&
+                args.heads <= 65535 && split_ok && rows / kActChunk <= 65535 &&
                 (args.heads == 1 || format != MoeFormat::FP8 || args.w_head_rows % 128 == 0),
-            "dense_tc_launch: format {} in {} out {} tokens {} heads {} splits {}", int(format), args.w.in,
-            args.w.out, args.tokens, args.heads, args.split.splits);
+            "dense_tc_launch: format {} parts {} in {} rows {} tokens {} heads {} splits {}", int(format),
+            args.num_parts, args.part[0].w.in, rows, args.tokens, args.heads, args.split.splits);
   if (format == MoeFormat::FP8) launch_dense<MoeFormat::FP8>(args, stream);
   else if (format == MoeFormat::BF16) launch_dense<MoeFormat::BF16>(args, stream);
   else launch_dense<MoeFormat::I4_BF16>(args, stream);

@@ -10,7 +10,9 @@
 // weight_at()'s values, trading peak FLOPs for one code path per format that is bit-faithful to the
 // CPU reference's dequantizer.
 #include <algorithm>
+#include <array>
 #include <optional>
+#include <span>
 
 #include "backend/gpu/gpu_backend_impl.h"
 #include "backend/gpu/gpu_decode_tc.h"
@@ -381,23 +383,30 @@ bool gemv_tc_device(GpuBackend& be) {
   return st.tc_device == 1;
 }
 
-// One launch (gpu_dense_tc.cu): split-K planes are summed in split order inside it (deterministic).
-void run_gemv_tc(GpuBackend& be, MoeFormat f, const float* x, int64_t ldx, int64_t T, const DeviceWeight& w,
-                 float* out, int64_t ldo) {
+// One launch (gpu_dense_tc.cu) for every part (weights of one input, format and width): split-K
+// planes are summed in split order inside it (deterministic). The split follows the parts' summed
+// rows, so a grouped weight's sums may differ from its lone call's in the last bits.
+void run_gemv_tc(GpuBackend& be, MoeFormat f, const float* x, int64_t ldx, int64_t T,
+                 std::span<const DenseTcPart> parts) {
+  MLA_CHECK(!parts.empty() && parts.size() <= size_t(kDenseTcMaxParts), "run_gemv_tc: {} parts", parts.size());
   DenseTcArgs a;
-  a.w = w;
+  int64_t rows = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    a.part[i] = parts[i];
+    rows += parts[i].w.out;
+  }
+  a.num_parts = int(parts.size());
   a.x = x;
   a.x_stride = ldx;
   a.tokens = int(T);
-  a.split = dense_tc_split(f, w.in, w.out);
-  if (const int64_t forced = be.linear_state().tc_splits; forced > 0) a.split = dense_tc_split_into(f, w.in, forced);
-  a.y = out;
-  a.y_stride = ldo;
+  const int64_t in = parts[0].w.in;
+  a.split = dense_tc_split(f, in, rows);
+  if (const int64_t forced = be.linear_state().tc_splits; forced > 0) a.split = dense_tc_split_into(f, in, forced);
   if (a.split.splits > 1) {
     LinearState& st = be.linear_state();
-    a.partial = static_cast<float*>(st.tc_scratch.get(be, dense_tc_partial_bytes(a.split, T, w.out)));
+    a.partial = static_cast<float*>(st.tc_scratch.get(be, dense_tc_partial_bytes(a.split, T, rows)));
     // Zero-filled when (re)allocated; the kernel leaves every ticket at zero.
-    a.tickets = st.tc_tickets.get_as<unsigned>(be, size_t(w.out / 64));
+    a.tickets = st.tc_tickets.get_as<unsigned>(be, size_t(rows / 64));
   }
   dense_tc_launch(f, a, be.stream());
 }
@@ -418,12 +427,12 @@ bool linear_views_alias(const TensorView& a, const TensorView& b) {
   return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
 }
 
-}  // namespace
-
-void linear_with_path(ops::Backend& backend, const TensorView& x, const ops::Weight& w, const TensorView& out,
-                      LinearPath path) {
-  auto* be = dynamic_cast<GpuBackend*>(&backend);
-  MLA_CHECK(be != nullptr, "linear_with_path: backend {} is not the GPU backend", backend.name());
+// linear's argument checks (the op's contract); returns the row strides the kernels take (a single
+// row's stride is irrelevant: views of one row may carry any stride).
+struct LinearStrides {
+  int64_t ldx, ldo;
+};
+LinearStrides check_linear(const TensorView& x, const ops::Weight& w, const TensorView& out) {
   check_activation(x, "x");
   check_activation(out, "out");
   const Status st = ops::validate_weight(w);
@@ -432,23 +441,36 @@ void linear_with_path(ops::Backend& backend, const TensorView& x, const ops::Wei
   MLA_CHECK(x.dim(1) == in && out.dim(0) == T && out.dim(1) == n_out, "linear: x {} W [{}, {}] out {}",
             x.describe(), n_out, in, out.describe());
   MLA_CHECK(!linear_views_alias(x, out), "linear: out {} aliases x {}", out.describe(), x.describe());
+  const LinearStrides s{T == 1 ? in : x.stride[0], T == 1 ? n_out : out.stride[0]};
+  MLA_CHECK(T == 0 || (s.ldx >= in && s.ldo >= n_out), "linear: overlapping rows (x stride {}, out stride {})", s.ldx,
+            s.ldo);
+  return s;
+}
+
+bool auto_takes_gemv_tc(GpuBackend& be, int64_t T, const DeviceWeight& w) {
+  return T <= kGemvMaxTokens && be.options().gemm_precision == GemmPrecision::Bf16 && gemv_tc_format(w) &&
+         gemv_tc_device(be);
+}
+
+}  // namespace
+
+void linear_with_path(ops::Backend& backend, const TensorView& x, const ops::Weight& w, const TensorView& out,
+                      LinearPath path) {
+  auto* be = dynamic_cast<GpuBackend*>(&backend);
+  MLA_CHECK(be != nullptr, "linear_with_path: backend {} is not the GPU backend", backend.name());
+  const auto [ldx, ldo] = check_linear(x, w, out);
+  const int64_t T = x.dim(0), in = w.in_features, n_out = w.out_features;
   if (T == 0 || n_out == 0) return;
   if (in == 0) {  // empty sum: out = 0 (rows may be strided, so one memset per row)
     for (int64_t t = 0; t < T; ++t)
       MLA_GPU_CHECK(memset_async(out.as<float>() + t * out.stride[0], 0, size_t(n_out) * sizeof(float), be->stream()));
     return;
   }
-  // A single row's stride is irrelevant (views of one row may carry any stride).
-  const int64_t ldx = T == 1 ? in : x.stride[0], ldo = T == 1 ? n_out : out.stride[0];
-  MLA_CHECK(ldx >= in && ldo >= n_out, "linear: overlapping rows (x stride {}, out stride {})", ldx, ldo);
   const DeviceWeight dw = device_weight(w);
   const bool dense_bf16 = w.format == ops::WeightFormat::Dense && w.data.dtype == DType::BF16;
 
   if (path == LinearPath::Auto) {
-    if (T <= kGemvMaxTokens)
-      path = be->options().gemm_precision == GemmPrecision::Bf16 && gemv_tc_format(dw) && gemv_tc_device(*be)
-                 ? LinearPath::GemvTc
-                 : LinearPath::Gemv;
+    if (T <= kGemvMaxTokens) path = auto_takes_gemv_tc(*be, T, dw) ? LinearPath::GemvTc : LinearPath::Gemv;
     else if (dense_bf16 && linear_has_blas()) path = LinearPath::Blas;
     // Bf16: a bf16 copy of W (one more rounding) buys cuBLASLt's speed. Fp32: W as 3 exact bf16
     // terms, 9x the FLOPs, still ~6x the mma.sync kernel (kDequantInFp32 off: back to TensorCore).
@@ -464,7 +486,8 @@ void linear_with_path(ops::Backend& backend, const TensorView& x, const ops::Wei
       const std::optional<MoeFormat> f = gemv_tc_format(dw);
       MLA_CHECK(f.has_value() && gemv_tc_device(*be), "linear: the GemvTc path does not take {} [{}, {}] here",
                 ops::weight_format_name(w.format), n_out, in);
-      run_gemv_tc(*be, *f, x.as<const float>(), ldx, T, dw, out.as<float>(), ldo);
+      const DenseTcPart part{dw, out.as<float>(), ldo};
+      run_gemv_tc(*be, *f, x.as<const float>(), ldx, T, std::span(&part, 1));
       return;
     }
     case LinearPath::Blas: {
@@ -515,6 +538,51 @@ bool linear_gemv_tc_supports(ops::Backend& backend, const ops::Weight& w) {
 
 void GpuBackend::linear(const TensorView& x, const ops::Weight& w, const TensorView& out) {
   linear_with_path(*this, x, w, out, LinearPath::Auto);
+}
+
+void linear_set_group_one_launch(ops::Backend& backend, bool on) {
+  auto* be = dynamic_cast<GpuBackend*>(&backend);
+  MLA_CHECK(be != nullptr, "linear_set_group_one_launch: backend {} is not the GPU backend", backend.name());
+  be->linear_state().group_one_launch = on;
+}
+
+bool linear_group_one_launch(ops::Backend& backend, int64_t T, std::span<const ops::Weight* const> w) {
+  auto* be = dynamic_cast<GpuBackend*>(&backend);
+  if (be == nullptr || !be->linear_state().group_one_launch || w.size() < 2 || w.size() > ops::Backend::kMaxLinearGroup || T <= 0) return false;
+  std::optional<MoeFormat> format;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (!ops::validate_weight(*w[i]).is_ok()) return false;
+    const DeviceWeight dw = device_weight(*w[i]);
+    const std::optional<MoeFormat> f = gemv_tc_format(dw);
+    if (!auto_takes_gemv_tc(*be, T, dw) || (i > 0 && (f != format || w[i]->in_features != w[0]->in_features)))
+      return false;
+    format = f;
+  }
+  return true;
+}
+
+// One tensor-core launch where Auto takes GemvTc for every weight and they share format and width
+// (the narrow decode layers: q_a + kv_a fill 33 row blocks together where kv_a alone has 9);
+// otherwise the separate calls.
+void GpuBackend::linear_group(const TensorView& x, std::span<const ops::Weight* const> w,
+                              std::span<const TensorView> out) {
+  MLA_CHECK(w.size() == out.size() && w.size() <= kMaxLinearGroup, "linear_group: {} weights, {} outputs (at most {})",
+            w.size(), out.size(), kMaxLinearGroup);
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t j = i + 1; j < out.size(); ++j)
+      MLA_CHECK(!linear_views_alias(out[i], out[j]), "linear_group: out {} aliases out {}", i, j);
+  const int64_t T = x.dim(0);
+  std::array<DenseTcPart, kDenseTcMaxParts> parts;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const LinearStrides s = check_linear(x, *w[i], out[i]);
+    parts[i] = DenseTcPart{device_weight(*w[i]), out[i].as<float>(), s.ldo};
+  }
+  if (!linear_group_one_launch(*this, T, w)) {
+    for (size_t i = 0; i < w.size(); ++i) linear(x, *w[i], out[i]);
+    return;
+  }
+  const int64_t ldx = T == 1 ? x.dim(1) : x.stride[0];
+  run_gemv_tc(*this, *gemv_tc_format(parts[0].w), x.as<const float>(), ldx, T, std::span(parts.data(), w.size()));
 }
 
 }  // namespace mla::gpu

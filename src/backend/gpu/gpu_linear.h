@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "ops/backend.h"
 
@@ -30,6 +31,10 @@ bool linear_gemv_tc_supports(ops::Backend& backend, const ops::Weight& w);
 void linear_with_path(ops::Backend& backend, const TensorView& x, const ops::Weight& w, const TensorView& out,
                       LinearPath path);
 
+// Whether GpuBackend::linear_group runs `w` at T tokens as one tensor-core launch (Auto takes GemvTc
+// for each weight, one format and width, 2..kMaxLinearGroup weights) rather than as separate calls.
+bool linear_group_one_launch(ops::Backend& backend, int64_t T, std::span<const ops::Weight* const> w);
+
 // True when this build has the Blas path (CUDA with cuBLASLt).
 bool linear_has_blas();
 
@@ -53,5 +58,7 @@ void linear_set_dequant_chunk_rows(ops::Backend& backend, int64_t rows);
 // Bench knob: GemvTc cuts K into `splits` ranges on `backend` (clamped to the chunks K has) instead of
 // dense_tc_split's count; 0 restores the default. Sums then depend on it (tuning only).
 void linear_set_gemv_tc_splits(ops::Backend& backend, int64_t splits);
+// Bench knob (A/B of the grouped launch): false makes linear_group run its separate calls.
+void linear_set_group_one_launch(ops::Backend& backend, bool on);
 
 }  // namespace mla::gpu

@@ -26,6 +26,7 @@ struct LinearState {
   int tc_device = -1;               // GemvTc's device probe (sm_80+), -1 until first asked
   int64_t dequant_chunk_rows = 0;   // test override of the rows per chunk (0: by the budget)
   int64_t tc_splits = 0;            // bench override of GemvTc's split count (0: dense_tc_split)
+  bool group_one_launch = true;     // bench A/B: false runs every linear_group as separate calls
   std::unique_ptr<BlasPlans> blas;  // null on HIP
 };
 

@@ -271,15 +271,15 @@ std::optional<MoeFormat> absorb_tc_format(GpuBackend& be, const ops::Weight& kv_
 void run_heads_tc(GpuBackend& be, MoeFormat f, const DeviceWeight& w, int64_t head_rows, const TensorView& x,
                   const TensorView& out) {
   DenseTcArgs a;
-  a.w = w;
+  a.part[0].w = w;
+  a.part[0].y = out.as<float>();
+  a.part[0].y_stride = out.stride[0];
   a.x = x.as<const float>();
   a.x_stride = x.stride[1];
   a.tokens = int(x.dim(0));
   a.heads = int(x.dim(1));
   a.w_head_rows = head_rows;
   a.split = DenseTcSplit{1, w.in / (f == MoeFormat::FP8 ? 64 : 128)};
-  a.y = out.as<float>();
-  a.y_stride = out.stride[0];
   a.y_head_stride = out.stride[1];
   dense_tc_launch(f, a, be.stream());
 }
