@@ -281,10 +281,11 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
       for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
         if (!burst_ready) issue(c0, w_end);
         burst_ready = false;
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
+        // Chunk u of the burst; bursts inside the window (all but a window's last) run the chunks
+        // branch-free, so one chunk's loads and converts overlap the previous chunk's mma chain
+        // (u is a constant after unrolling: a[u] and sbits[u] stay in registers).
+        auto chunk = [&](const int u) {
           const int64_t c = c0 + u;
-          if (c >= w_end) continue;  // warp-uniform; only in a window's last burst
           const int lc = int(c - w0);
           uint4 b[kBVec];
 #pragma unroll
@@ -326,6 +327,14 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
               }
             }
           }
+        };
+        if (c0 + kU <= w_end) {
+#pragma unroll
+          for (int u = 0; u < kU; ++u) chunk(u);
+        } else {
+#pragma unroll
+          for (int u = 0; u < kU; ++u)
+            if (c0 + u < w_end) chunk(u);  // warp-uniform
         }
       }
     }

