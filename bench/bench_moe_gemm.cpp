@@ -3,6 +3,7 @@
 // kernel path, against copy bandwidth) and dense linear at prefill sizes (compute-bound, against the
 // cuBLASLt ceiling).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -170,6 +171,14 @@ void bench_moe_prefill(Report& report, const Ceilings& c, const BenchOptions& o)
   report.print("moe_prefill");
 }
 
+// GemvTc split counts forced for tuning dense_tc_split (0: the rule's): at T = 1 the rule's pick,
+// then 1-8 splits; otherwise the rule's only.
+std::vector<int64_t> forced_splits(int T, bool quick) {
+  if (T != 1 || quick) return {0};
+  return {0, 1, 2, 3, 4, 6, 8};
+}
+std::string forced_label(int64_t splits) { return splits == 0 ? "" : fmt::format(", {} splits forced", splits); }
+
 // Dense FP8 linear layers of DeepSeek-V3 at decode sizes (T = 1, 4), GemmPrecision::Bf16, through
 // the tensor-core matvec (LinearPath::GemvTc, Auto's pick). (A shared-memory-ring variant fed by bulk
 // copies, one CTA per SM with 160 KB in flight, passed parity on the H200 but reached 25-33% where
@@ -214,25 +223,106 @@ void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o
       fill_random(x.view, 900 + uint64_t(T), -1, 1, s);
       be->synchronize();
       if (!gpu::linear_gemv_tc_supports(*be, copies.front())) continue;
-      // T = 1 also at forced split counts (0: dense_tc_split's own), to tune that rule.
-      const std::vector<int64_t> splits =
-          T == 1 && !o.quick ? std::vector<int64_t>{0, 1, 2, 3, 4, 6, 8} : std::vector<int64_t>{0};
-      for (const int64_t forced : splits) {
-        gpu::linear_set_gemv_tc_splits(*be, forced);
+      for (const int64_t f : forced_splits(T, o.quick)) {
+        gpu::linear_set_gemv_tc_splits(*be, f);
         TimingPlan plan;
         plan.max_reps = o.quick ? 20 : 200;
         plan.budget_ms = o.quick ? 50 : 400;
         const Timing tm = time_on_stream(s, plan, [&](int rep) {
           gpu::linear_with_path(*be, x.view, copies[size_t(rep) % copies.size()], out.view, gpu::LinearPath::GemvTc);
         });
-        const std::string how = forced == 0 ? "" : fmt::format(", {} splits forced", forced);
         report.add({"dense_decode", fmt::format("{} {} {} -> {}, T {}, GemvTc{}", sh.name, bench_weight_name(sh.kind),
-                                                sh.in, sh.out, T, how),
+                                                sh.in, sh.out, T, forced_label(f)),
                     tm.median_ms, bytes / (tm.median_ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW",
-                    forced == 0 ? 0.7 : 0.0, fmt::format("{:.1f} MB, {} copies rotated", bytes / 1e6, n_copies),
-                    fmt::format("tc {}x{} t{} s{}", sh.in, sh.out, T, forced)});
+                    f == 0 ? 0.7 : 0.0, fmt::format("{:.1f} MB, {} copies rotated", bytes / 1e6, n_copies),
+                    fmt::format("tc {}x{} t{} s{}", sh.in, sh.out, T, f)});
       }
       gpu::linear_set_gemv_tc_splits(*be, 0);
+    }
+  }
+  // The layers of one input as linear_group runs them (one launch over every part's rows), beside
+  // the separate calls above: q_a + kv_a, the shared expert's and the dense MLP's gate + up.
+  struct Group {
+    const char* name;
+    int64_t in, out0, out1;
+  };
+  std::vector<Group> groups = {{"q_a + kv_a", 7168, 1536, 576},
+                               {"shared expert gate + up", 7168, 2048, 2048},
+                               {"mlp gate + up", 7168, 18432, 18432}};
+  if (o.quick) groups.resize(1);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const Group& g = groups[i];
+    HostWeight h0, h1;
+    make_host_weight(h0, BenchWeight::FP8, g.out0, g.in, 120 + i);
+    make_host_weight(h1, BenchWeight::FP8, g.out1, g.in, 130 + i);
+    std::vector<std::array<ops::Weight, 2>> copies;
+    copies.push_back({place(*be, h0), place(*be, h1)});
+    const double bytes = double(weight_bytes(copies.front()[0]) + weight_bytes(copies.front()[1]));
+    const int n_copies = int(std::clamp<double>(std::ceil(200e6 / bytes), 1, 16));
+    while (int(copies.size()) < n_copies) copies.push_back({place(*be, h0), place(*be, h1)});
+    for (const int T : {1, 4}) {
+      DevTensor x = dev_tensor(*be, DType::F32, {T, g.in});
+      DevTensor y0 = dev_tensor(*be, DType::F32, {T, g.out0});
+      DevTensor y1 = dev_tensor(*be, DType::F32, {T, g.out1});
+      fill_random(x.view, 910 + uint64_t(T), -1, 1, s);
+      be->synchronize();
+      const TensorView outs[] = {y0.view, y1.view};
+      const ops::Weight* first[] = {&copies.front()[0], &copies.front()[1]};
+      if (!gpu::linear_group_one_launch(*be, T, first)) continue;
+      for (const int64_t f : forced_splits(T, o.quick)) {
+        gpu::linear_set_gemv_tc_splits(*be, f);
+        TimingPlan plan;
+        plan.max_reps = o.quick ? 20 : 200;
+        plan.budget_ms = o.quick ? 50 : 400;
+        const Timing tm = time_on_stream(s, plan, [&](int rep) {
+          const auto& pair = copies[size_t(rep) % copies.size()];
+          const ops::Weight* ws[] = {&pair[0], &pair[1]};
+          be->linear_group(x.view, ws, outs);
+        });
+        report.add({"dense_decode",
+                    fmt::format("{} FP8 {} -> {} + {}, T {}, linear_group{}", g.name, g.in, g.out0, g.out1, T,
+                                forced_label(f)),
+                    tm.median_ms, bytes / (tm.median_ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW", 0.0,
+                    fmt::format("{:.1f} MB, {} copies rotated, one launch", bytes / 1e6, n_copies),
+                    fmt::format("group {}x{}+{} t{} s{}", g.in, g.out0, g.out1, T, f)});
+      }
+      gpu::linear_set_gemv_tc_splits(*be, 0);
+    }
+  }
+  // MLA's per-head matvecs at the end-to-end shape (128 heads, FP8 kv_b [128 x 256, 512], T = 1, 4):
+  // absorb_q reads W_UK^T (8.4 MB), expand_v W_UV (8.4 MB), one head per CTA.
+  {
+    constexpr int kHeads = 128, kNope = 128, kRope = 64, kV = 128, kRank = 512;
+    const ops::MlaDims dims{kHeads, kNope, kRope, kV, kRank, 1.0f / std::sqrt(float(kNope + kRope))};
+    HostWeight hkv;
+    make_host_weight(hkv, BenchWeight::FP8, int64_t(kHeads) * (kNope + kV), kRank, 140);
+    std::vector<ops::Weight> kv_b;
+    for (int i = 0; i < 8; ++i) kv_b.push_back(place(*be, hkv));  // 134 MB: no call finds its weight in L2
+    const double half = double(weight_bytes(kv_b.front())) / 2;   // W_UK or W_UV (+ their scales)
+    for (const int T : {1, 4}) {
+      DevTensor q = dev_tensor(*be, DType::F32, {T, kHeads, kNope + kRope});
+      DevTensor qa = dev_tensor(*be, DType::F32, {T, kHeads, kRank + kRope});
+      DevTensor ol = dev_tensor(*be, DType::F32, {T, kHeads, kRank});
+      DevTensor ov = dev_tensor(*be, DType::F32, {T, kHeads, kV});
+      fill_random(q.view, 950 + uint64_t(T), -1, 1, s);
+      fill_random(ol.view, 960 + uint64_t(T), -1, 1, s);
+      for (const ops::Weight& w : kv_b)
+        be->mla_absorb_q(q.view.slice(2, 0, kNope), w, dims, qa.view.slice(2, 0, kRank));
+      be->synchronize();  // every W_UK^T built and kept before timing
+      for (const bool absorb : {true, false}) {
+        TimingPlan plan;
+        plan.max_reps = o.quick ? 20 : 200;
+        plan.budget_ms = o.quick ? 50 : 300;
+        const Timing tm = time_on_stream(s, plan, [&](int rep) {
+          const ops::Weight& w = kv_b[size_t(rep) % kv_b.size()];
+          if (absorb) be->mla_absorb_q(q.view.slice(2, 0, kNope), w, dims, qa.view.slice(2, 0, kRank));
+          else be->mla_expand_v(ol.view, w, dims, ov.view);
+        });
+        report.add({"dense_decode", fmt::format("{} FP8, 128 heads, T {}", absorb ? "mla_absorb_q" : "mla_expand_v", T),
+                    tm.median_ms, half / (tm.median_ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW", 0.0,
+                    fmt::format("{:.1f} MB, 8 copies rotated", half / 1e6),
+                    fmt::format("{} t{}", absorb ? "absorb" : "expand", T)});
+      }
     }
   }
   // The read-pattern probe on the gate/up shape (18432 rows of 7168 bytes, two copies rotated): how
