@@ -192,21 +192,29 @@ void bench_e2e(Report& report, const Ceilings& c, const BenchOptions& o) {
               step_ms, 1e3 / step_ms, "tok/s", roof_tps, "roofline tok/s (copy BW)", 0,
               fmt::format("{:.2f} GB/token; {:.0f} GB/s achieved", tb.at(mid_ctx) / 1e9, tb.at(mid_ctx) / step_ms / 1e6),
               "decode b1"});
-  // A/B in the same process: linear_group's one launch (q_a + kv_a, gate + up) against its separate
-  // calls, alternating twice, each with freshly captured graphs (the sequence keeps growing, by
-  // the same steps for both).
+  // A/B in the same process, each variant with freshly captured graphs, alternating twice (the
+  // sequence keeps growing, by the same steps for each): session 7's dispatch (separate q_a / kv_a
+  // and gate / up launches, the shared expert as its own MLP), then linear_group's one launch, then
+  // also the shared expert as a routed slot (this build's default).
+  struct Variant {
+    const char* name;
+    bool grouped, shared_slot;
+  };
+  const Variant variants[] = {{"separate linears, shared expert MLP", false, false},
+                              {"linear_group, shared expert MLP", true, false},
+                              {"linear_group, shared expert as a routed slot", true, true}};
   for (int rep = 0; rep < 2; ++rep)
-    for (const bool grouped : {false, true}) {
-      gpu::linear_set_group_one_launch(*be, grouped);
+    for (const Variant& v : variants) {
+      gpu::linear_set_group_one_launch(*be, v.grouped);
+      m.set_fuse_shared_expert(v.shared_slot);
       m.clear_decode_graphs();
       run.decode(4);  // recapture
       std::vector<double> ab = run.decode(o.e2e_decode_tokens);
       std::sort(ab.begin(), ab.end());
       const double ab_ms = ab[ab.size() / 2];
-      report.add({"e2e", fmt::format("decode batch 1, A/B {}: linear_group {}", rep + 1,
-                                     grouped ? "one launch" : "separate calls"),
-                  ab_ms, 1e3 / ab_ms, "tok/s", roof_tps, "roofline tok/s (copy BW)", 0, "same process, later context",
-                  fmt::format("decode ab{} {}", rep + 1, grouped ? "group" : "separate")});
+      report.add({"e2e", fmt::format("decode batch 1, A/B {}: {}", rep + 1, v.name), ab_ms, 1e3 / ab_ms, "tok/s",
+                  roof_tps, "roofline tok/s (copy BW)", 0, "same process, later context",
+                  fmt::format("decode ab{} v{}", rep + 1, &v - variants)});
     }
 
   // Prefill: linear FLOPs (2 x active linear params, embedding excluded) + causal attention FLOPs

@@ -109,8 +109,22 @@ Result<std::unique_ptr<DeepseekV3>> DeepseekV3::from_weights(io::ModelConfig cfg
   ws->gate = ws->make(backend, DType::F32, {T, width});
   ws->up = ws->make(backend, DType::F32, {T, width});
   ws->router_logits = ws->make(backend, DType::F32, {T, std::max(c.n_routed_experts, 1)});
-  ws->topk_ids = ws->make(backend, DType::I32, {T, std::max(c.num_experts_per_tok, 1)});
-  ws->topk_weights = ws->make(backend, DType::F32, {T, std::max(c.num_experts_per_tok, 1)});
+  // One column more than top-k where a shared expert exists: the shared expert's slot (expert E,
+  // weight 1) for layers that run it as a routed expert (MoeWeights::experts_and_shared), written
+  // once here; moe_route fills the first k columns.
+  const int64_t k = std::max(c.num_experts_per_tok, 1), slots = k + (c.n_shared_experts > 0 ? 1 : 0);
+  ws->topk_ids = ws->make(backend, DType::I32, {T, slots});
+  ws->topk_weights = ws->make(backend, DType::F32, {T, slots});
+  if (slots > k) {
+    std::vector<int32_t> ids(size_t(T * slots), 0);
+    std::vector<float> wts(size_t(T * slots), 0.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      ids[size_t(t * slots + k)] = c.n_routed_experts;
+      wts[size_t(t * slots + k)] = 1.0f;
+    }
+    backend.copy_from_host(ws->topk_ids, ids.data());
+    backend.copy_from_host(ws->topk_weights, wts.data());
+  }
   m->ws_ = std::move(ws);
   return m;
 }
@@ -329,11 +343,17 @@ void DeepseekV3::ffn(int layer, const TensorView& x, const TensorView& out) {
     mlp(lw.mlp, out);
   } else {
     const TensorView logits = ws.router_logits.slice(0, 0, T);       // {T, E}
-    const TensorView ids = ws.topk_ids.slice(0, 0, T), wts = ws.topk_weights.slice(0, 0, T);  // {T, k}
+    const TensorView ids_all = ws.topk_ids.slice(0, 0, T), wts_all = ws.topk_weights.slice(0, 0, T);
+    const int64_t k = routing_.top_k;
+    const TensorView ids = ids_all.slice(1, 0, k), wts = wts_all.slice(1, 0, k);  // {T, k}
     backend_.linear(x, lw.moe.gate, logits);
     backend_.moe_route(logits, lw.moe.e_score_correction_bias, routing_, ids, wts);
-    backend_.moe_experts(x, ids, wts, lw.moe.experts, out);
-    if (lw.moe.has_shared) {
+    const bool shared_in_experts = fuse_shared_expert_ && !lw.moe.experts_and_shared.empty();
+    if (shared_in_experts)  // {T, k + 1}: the last slot is the shared expert (workspace constant)
+      backend_.moe_experts(x, ids_all, wts_all, lw.moe.experts_and_shared, out);
+    else
+      backend_.moe_experts(x, ids, wts, lw.moe.experts, out);
+    if (lw.moe.has_shared && !shared_in_experts) {
       const TensorView s = ws.shared_out.slice(0, 0, T);
       mlp(lw.moe.shared_experts, s);
       backend_.add(out, s, out);

@@ -100,6 +100,9 @@ class DeepseekV3 {
   int num_cache_layers() const { return cfg_.num_hidden_layers; }
   int kv_dim() const { return cfg_.kv_cache_dim(); }
   void set_mla_path(MlaPath path) { mla_path_ = path; }
+  // Whether MoE layers whose shared expert fits the routed experts' shape run it as one more routed
+  // expert (MoeWeights::experts_and_shared; on by default) or as its own MLP (benchmark A/B).
+  void set_fuse_shared_expert(bool on) { fuse_shared_expert_ = on; }
   // Decode graphs (off by default): a step in which every sequence has the same q_len <=
   // kMaxGraphQLen and the path is absorbed replays a graph captured for the key (T, q_len, logits
   // rows, logits buffer, cache views, and
@@ -154,6 +157,7 @@ class DeepseekV3 {
   std::unique_ptr<Workspace> ws_;
   MlaPath mla_path_ = MlaPath::Auto;
   bool decode_graphs_ = false;
+  bool fuse_shared_expert_ = true;
   std::vector<std::unique_ptr<DecodeGraph>> graphs_;
 };
 

@@ -173,6 +173,30 @@ Status load_layer_tensor(const io::ModelConfig& cfg, Loader& ld, const dist::Par
   return Status::ok();
 }
 
+// Fills moe.experts_and_shared where the shared expert has the routed experts' shape and formats:
+// then moe_experts runs it as expert E in an extra slot of weight 1, and
+// out = sum_k w_k E_k(x) + 1 * S(x) is the same sum as the routed experts' followed by the shared
+// expert's, one launch chain (one pass over x, one combine) instead of the shared MLP's own
+// gate / up, silu_mul, down and add. Tensor parallelism (not implemented: the loaders refuse it)
+// would shard S and must keep it out of the expert list.
+void fuse_shared_expert(const io::ModelConfig& cfg, MoeWeights& moe) {
+  moe.experts_and_shared.clear();
+  if (!moe.has_shared || cfg.n_shared_experts != 1 || moe.experts.empty()) return;
+  const ops::ExpertWeights& s = moe.shared_experts;
+  auto same_kind = [](const ops::Weight& a, const ops::Weight& b) {
+    return a.format == b.format && a.out_features == b.out_features && a.in_features == b.in_features &&
+           a.data.dtype == b.data.dtype && a.scale.dtype == b.scale.dtype;
+  };
+  for (const ops::ExpertWeights& e : moe.experts) {
+    if (e.gate_proj.empty()) continue;  // held by another rank
+    if (!same_kind(e.gate_proj, s.gate_proj) || !same_kind(e.up_proj, s.up_proj) ||
+        !same_kind(e.down_proj, s.down_proj))
+      return;
+  }
+  moe.experts_and_shared = moe.experts;
+  moe.experts_and_shared.push_back(s);
+}
+
 }  // namespace
 
 Result<DeepseekV3Weights> load_deepseek_v3_weights(const io::ModelConfig& cfg, const io::Checkpoint& ckpt,
@@ -202,6 +226,8 @@ Result<DeepseekV3Weights> load_deepseek_v3_weights(const io::ModelConfig& cfg, c
     }
     MLA_RETURN_IF_ERROR(load_layer_tensor(cfg, ld, plan, spec, w.layers[size_t(spec.layer)]));
   }
+  for (LayerWeights& L : w.layers)
+    if (L.is_moe) fuse_shared_expert(cfg, L.moe);
   if (cfg.tie_word_embeddings) {
     w.lm_head.format = ops::WeightFormat::Dense;
     w.lm_head.out_features = cfg.vocab_size;
@@ -251,6 +277,7 @@ Result<DeepseekMtpWeights> load_deepseek_mtp_weights(const io::ModelConfig& cfg,
       return ld.fail(spec.name, "no slot for this tensor (internal tensor list mismatch)");
     }
   }
+  if (w.layers[0].is_moe) fuse_shared_expert(cfg, w.layers[0].moe);
   return m;
 }
 

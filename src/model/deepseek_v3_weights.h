@@ -31,6 +31,10 @@ struct MoeWeights {
   std::vector<ops::ExpertWeights> experts;    // [E]; empty weights for experts other ranks hold
   ops::ExpertWeights shared_experts;          // width moe_intermediate_size * n_shared_experts
   bool has_shared = false;
+  // [E + 1] when the shared expert can ride along as one more routed expert (its width and formats
+  // are the routed experts'; world size 1): the routed experts, then the shared one as expert E,
+  // which every token takes with weight 1 (an extra top-k slot). Empty otherwise.
+  std::vector<ops::ExpertWeights> experts_and_shared;
 };
 
 struct LayerWeights {

@@ -77,6 +77,35 @@ TEST_P(ModelInvariants, AbsorbedEqualsNaiveAndChunkingChangesNothing) {
   }
 }
 
+// The shared expert run as one more routed expert (MoeWeights::experts_and_shared: expert E in an
+// extra top-k slot of weight 1) is the same sum as its own MLP added after the routed experts: the
+// CPU's logits agree bit for bit, at prefill (37 tokens) and at decode (one token per step). Where
+// the shared expert is stored in another format than the routed ones (INT4 checkpoints quantize
+// only the routed experts, as Kimi K2 Thinking does) it keeps its own MLP.
+TEST_P(ModelInvariants, SharedExpertAsRoutedSlotEqualsItsOwnMlp) {
+  auto lm = load_cpu_model(tiny_model(GetParam()), 64);
+  ASSERT_TRUE(lm);
+  ASSERT_EQ(lm->model->config().n_shared_experts, 1);
+  for (const model::LayerWeights& L : lm->model->weights().layers) {
+    if (!L.is_moe) continue;
+    const bool same_format = L.moe.shared_experts.gate_proj.format == L.moe.experts[0].gate_proj.format;
+    ASSERT_EQ(!L.moe.experts_and_shared.empty(), same_format) << GetParam();
+    if (same_format) {
+      EXPECT_EQ(L.moe.experts_and_shared.size(), L.moe.experts.size() + 1);
+    }
+  }
+  const std::vector<int32_t> prompt = random_prompt(37, lm->model->config().vocab_size, 2);
+  for (const int chunk : {64, 1}) {
+    lm->model->set_fuse_shared_expert(true);
+    const std::vector<float> as_slot = prefill_logits(*lm, prompt, chunk, model::MlaPath::Auto);
+    lm->model->set_fuse_shared_expert(false);
+    const std::vector<float> own_mlp = prefill_logits(*lm, prompt, chunk, model::MlaPath::Auto);
+    ASSERT_EQ(as_slot.size(), own_mlp.size());
+    EXPECT_EQ(0, std::memcmp(as_slot.data(), own_mlp.data(), as_slot.size() * sizeof(float))) << "chunk " << chunk;
+  }
+  lm->model->set_fuse_shared_expert(true);
+}
+
 // A sequence's tokens and logits do not depend on which other sequences share its steps: the CPU
 // backend is batch-invariant by construction, so the logits must be bit-identical.
 TEST_P(ModelInvariants, OutputIndependentOfBatchCompanions) {
