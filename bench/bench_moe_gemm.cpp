@@ -178,6 +178,13 @@ std::vector<int64_t> forced_splits(int T, bool quick) {
   return {0, 1, 2, 3, 4, 6, 8};
 }
 std::string forced_label(int64_t splits) { return splits == 0 ? "" : fmt::format(", {} splits forced", splits); }
+// Repetitions of one decode matvec case (tens of microseconds a call).
+TimingPlan matvec_plan(bool quick) {
+  TimingPlan plan;
+  plan.max_reps = quick ? 20 : 200;
+  plan.budget_ms = quick ? 50 : 400;
+  return plan;
+}
 
 // Dense FP8 linear layers of DeepSeek-V3 at decode sizes (T = 1, 4), GemmPrecision::Bf16, through
 // the tensor-core matvec (LinearPath::GemvTc, Auto's pick). (A shared-memory-ring variant fed by bulk
@@ -225,9 +232,7 @@ void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o
       if (!gpu::linear_gemv_tc_supports(*be, copies.front())) continue;
       for (const int64_t f : forced_splits(T, o.quick)) {
         gpu::linear_set_gemv_tc_splits(*be, f);
-        TimingPlan plan;
-        plan.max_reps = o.quick ? 20 : 200;
-        plan.budget_ms = o.quick ? 50 : 400;
+        const TimingPlan plan = matvec_plan(o.quick);
         const Timing tm = time_on_stream(s, plan, [&](int rep) {
           gpu::linear_with_path(*be, x.view, copies[size_t(rep) % copies.size()], out.view, gpu::LinearPath::GemvTc);
         });
@@ -271,9 +276,7 @@ void bench_dense_decode(Report& report, const Ceilings& c, const BenchOptions& o
       if (!gpu::linear_group_one_launch(*be, T, first)) continue;
       for (const int64_t f : forced_splits(T, o.quick)) {
         gpu::linear_set_gemv_tc_splits(*be, f);
-        TimingPlan plan;
-        plan.max_reps = o.quick ? 20 : 200;
-        plan.budget_ms = o.quick ? 50 : 400;
+        const TimingPlan plan = matvec_plan(o.quick);
         const Timing tm = time_on_stream(s, plan, [&](int rep) {
           const auto& pair = copies[size_t(rep) % copies.size()];
           const ops::Weight* ws[] = {&pair[0], &pair[1]};

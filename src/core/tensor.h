@@ -91,4 +91,17 @@ class Buffer {
 // 64-byte aligned host allocation (zero-initialized).
 Buffer host_alloc(size_t bytes);
 
+// A cheap bug catcher for the ops' "must not alias" preconditions (every backend uses it): true when
+// both views start at the same address, or both are contiguous and their byte ranges intersect.
+// Disjoint strided views of one buffer (e.g. column slices of a shared workspace) are legal and
+// are not flagged.
+inline bool views_alias(const TensorView& a, const TensorView& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  if (a.data == b.data) return true;
+  if (!a.is_contiguous() || !b.is_contiguous()) return false;
+  const char* a0 = static_cast<const char*>(a.data);
+  const char* b0 = static_cast<const char*>(b.data);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 }  // namespace mla

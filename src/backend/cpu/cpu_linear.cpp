@@ -107,11 +107,7 @@ void CpuBackend::linear(const TensorView& x, const ops::Weight& w, const TensorV
 // The reference runs the group as its separate calls: each out[i] is exactly linear(x, *w[i])'s.
 void CpuBackend::linear_group(const TensorView& x, std::span<const ops::Weight* const> w,
                               std::span<const TensorView> out) {
-  MLA_CHECK(w.size() == out.size() && w.size() <= kMaxLinearGroup, "linear_group: {} weights, {} outputs (at most {})",
-            w.size(), out.size(), kMaxLinearGroup);
-  for (size_t i = 0; i < out.size(); ++i)
-    for (size_t j = i + 1; j < out.size(); ++j)
-      MLA_CHECK(!views_alias(out[i], out[j]), "linear_group: out {} aliases out {}", i, j);
+  ops::check_linear_group(w, out, kMaxLinearGroup);
   for (size_t i = 0; i < w.size(); ++i) linear(x, *w[i], out[i]);
 }
 

@@ -51,18 +51,6 @@ inline float load_bf16_or_f32(const TensorView& v, int64_t i) {
   return v.dtype == DType::F32 ? *v.at<const float>(i) : bf16_to_f32(*v.at<const uint16_t>(i));
 }
 
-// A cheap bug catcher for the "must not alias" preconditions: true when both views start at the same
-// address, or both are contiguous and their byte ranges intersect. Disjoint strided views of one
-// buffer (e.g. column slices of a shared workspace) are legal and are not flagged.
-inline bool views_alias(const TensorView& a, const TensorView& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  if (a.data == b.data) return true;
-  if (!a.is_contiguous() || !b.is_contiguous()) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
 // fp32 dot product with 16 interleaved partial sums (lane k sums the terms i = k mod 16), added
 // pairwise at the end. The independent sums let the compiler use several vector accumulators, so
 // the loop is not bound by one add's latency; the summation order is fixed, hence deterministic.

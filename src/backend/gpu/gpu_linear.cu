@@ -417,16 +417,6 @@ void check_activation(const TensorView& v, const char* what) {
   MLA_CHECK(v.inner_contiguous(), "linear: last dim of {} {} is strided", what, v.describe());
 }
 
-// Same rule as the CPU backend: same start, or overlapping contiguous byte ranges.
-bool linear_views_alias(const TensorView& a, const TensorView& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  if (a.data == b.data) return true;
-  if (!a.is_contiguous() || !b.is_contiguous()) return false;
-  const char* a0 = static_cast<const char*>(a.data);
-  const char* b0 = static_cast<const char*>(b.data);
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
 // linear's argument checks (the op's contract); returns the row strides the kernels take (a single
 // row's stride is irrelevant: views of one row may carry any stride).
 struct LinearStrides {
@@ -440,7 +430,7 @@ LinearStrides check_linear(const TensorView& x, const ops::Weight& w, const Tens
   const int64_t T = x.dim(0), in = w.in_features, n_out = w.out_features;
   MLA_CHECK(x.dim(1) == in && out.dim(0) == T && out.dim(1) == n_out, "linear: x {} W [{}, {}] out {}",
             x.describe(), n_out, in, out.describe());
-  MLA_CHECK(!linear_views_alias(x, out), "linear: out {} aliases x {}", out.describe(), x.describe());
+  MLA_CHECK(!views_alias(x, out), "linear: out {} aliases x {}", out.describe(), x.describe());
   const LinearStrides s{T == 1 ? in : x.stride[0], T == 1 ? n_out : out.stride[0]};
   MLA_CHECK(T == 0 || (s.ldx >= in && s.ldo >= n_out), "linear: overlapping rows (x stride {}, out stride {})", s.ldx,
             s.ldo);
@@ -566,11 +556,7 @@ bool linear_group_one_launch(ops::Backend& backend, int64_t T, std::span<const o
 // otherwise the separate calls.
 void GpuBackend::linear_group(const TensorView& x, std::span<const ops::Weight* const> w,
                               std::span<const TensorView> out) {
-  MLA_CHECK(w.size() == out.size() && w.size() <= kMaxLinearGroup, "linear_group: {} weights, {} outputs (at most {})",
-            w.size(), out.size(), kMaxLinearGroup);
-  for (size_t i = 0; i < out.size(); ++i)
-    for (size_t j = i + 1; j < out.size(); ++j)
-      MLA_CHECK(!linear_views_alias(out[i], out[j]), "linear_group: out {} aliases out {}", i, j);
+  ops::check_linear_group(w, out, kMaxLinearGroup);
   const int64_t T = x.dim(0);
   std::array<DenseTcPart, kDenseTcMaxParts> parts;
   for (size_t i = 0; i < w.size(); ++i) {
