@@ -251,8 +251,9 @@ __device__ __forceinline__ int swz(int r) { return (r & 1) << 2; }
 
 // Grid (splits, total_out / 64, heads); warp w owns the m16 tile of output rows 64 r + 16 w of head
 // blockIdx.z's matrix of the part holding row block blockIdx.y (its r-th), over split blockIdx.x's
-// chunks, for every token (8 columns per pass; a second pass re-streams the weights). See gpu_decode_tc.cu for the fragment layout: lane (g, t)
-// takes piece t of each 64-byte chunk of rows g and g + 8.
+// chunks, for every token (8 columns per pass; a second pass re-streams the weights). See
+// gpu_decode_tc.cu for the fragment layout: lane (g, t) takes piece t of each 64-byte chunk of rows
+// g and g + 8.
 //
 // Weights reach the mma through a per-warp ring of shared memory filled by cp.async (one row's 512
 // contiguous bytes per instruction, no registers held while in flight): the warp issues burst

@@ -538,10 +538,13 @@ void linear_set_group_one_launch(ops::Backend& backend, bool on) {
 
 bool linear_group_one_launch(ops::Backend& backend, int64_t T, std::span<const ops::Weight* const> w) {
   auto* be = dynamic_cast<GpuBackend*>(&backend);
-  if (be == nullptr || !be->linear_state().group_one_launch || w.size() < 2 || w.size() > ops::Backend::kMaxLinearGroup || T <= 0) return false;
+  if (be == nullptr || !be->linear_state().group_one_launch || w.size() < 2 ||
+      w.size() > ops::Backend::kMaxLinearGroup || T <= 0)
+    return false;
   std::optional<MoeFormat> format;
   for (size_t i = 0; i < w.size(); ++i) {
-    if (!ops::validate_weight(*w[i]).is_ok()) return false;
+    // Empty weights (which may hold no data) are linear's early returns, never the launch's.
+    if (!ops::validate_weight(*w[i]).is_ok() || w[i]->out_features <= 0 || w[i]->in_features <= 0) return false;
     const DeviceWeight dw = device_weight(*w[i]);
     const std::optional<MoeFormat> f = gemv_tc_format(dw);
     if (!auto_takes_gemv_tc(*be, T, dw) || (i > 0 && (f != format || w[i]->in_features != w[0]->in_features)))
@@ -558,14 +561,14 @@ void GpuBackend::linear_group(const TensorView& x, std::span<const ops::Weight* 
                               std::span<const TensorView> out) {
   ops::check_linear_group(w, out, kMaxLinearGroup);
   const int64_t T = x.dim(0);
+  if (!linear_group_one_launch(*this, T, w)) {
+    for (size_t i = 0; i < w.size(); ++i) linear(x, *w[i], out[i]);
+    return;
+  }
   std::array<DenseTcPart, kDenseTcMaxParts> parts;
   for (size_t i = 0; i < w.size(); ++i) {
     const LinearStrides s = check_linear(x, *w[i], out[i]);
     parts[i] = DenseTcPart{device_weight(*w[i]), out[i].as<float>(), s.ldo};
-  }
-  if (!linear_group_one_launch(*this, T, w)) {
-    for (size_t i = 0; i < w.size(); ++i) linear(x, *w[i], out[i]);
-    return;
   }
   const int64_t ldx = T == 1 ? x.dim(1) : x.stride[0];
   run_gemv_tc(*this, *gemv_tc_format(parts[0].w), x.as<const float>(), ldx, T, std::span(parts.data(), w.size()));
