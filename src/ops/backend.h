@@ -250,4 +250,9 @@ class Backend {
                                   const TensorView& out_num_emitted) = 0;
 };
 
+// linear_group's own preconditions, shared by every backend (each also checks every (x, w[i],
+// out[i]) as linear does): as many outputs as weights, at most Backend::kMaxLinearGroup, no output
+// aliasing another.
+void check_linear_group(std::span<const Weight* const> w, std::span<const TensorView> out);
+
 }  // namespace mla::ops

@@ -113,12 +113,4 @@ void dequantize_rows(const Weight& w, int64_t row0, int64_t rows, float* out) {
   }
 }
 
-void check_linear_group(std::span<const Weight* const> w, std::span<const TensorView> out, size_t max_group) {
-  MLA_CHECK(w.size() == out.size() && w.size() <= max_group, "linear_group: {} weights, {} outputs (at most {})",
-            w.size(), out.size(), max_group);
-  for (size_t i = 0; i < out.size(); ++i)
-    for (size_t j = i + 1; j < out.size(); ++j)
-      MLA_CHECK(!views_alias(out[i], out[j]), "linear_group: out {} aliases out {}", i, j);
-}
-
 }  // namespace mla::ops

@@ -2,8 +2,6 @@
 // formats stay packed and every backend dequantizes inside its ops, never at load.
 #pragma once
 
-#include <span>
-
 #include <cstdint>
 #include <string_view>
 
@@ -38,10 +36,6 @@ struct Weight {
 
 // Checks that data/scale shapes and dtypes agree with `format` and the logical [out, in].
 Status validate_weight(const Weight& w);
-
-// linear_group's own preconditions (each backend checks every (x, w[i], out[i]) as linear does):
-// as many outputs as weights, at most `max_group`, no output aliasing another.
-void check_linear_group(std::span<const Weight* const> w, std::span<const TensorView> out, size_t max_group);
 
 // Reference dequantization of rows [row0, row0 + rows) into fp32 `out` ([rows, in_features],
 // contiguous). Defines the value of every format; all backends must match it.

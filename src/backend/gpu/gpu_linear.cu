@@ -559,7 +559,7 @@ bool linear_group_one_launch(ops::Backend& backend, int64_t T, std::span<const o
 // otherwise the separate calls.
 void GpuBackend::linear_group(const TensorView& x, std::span<const ops::Weight* const> w,
                               std::span<const TensorView> out) {
-  ops::check_linear_group(w, out, kMaxLinearGroup);
+  ops::check_linear_group(w, out);
   const int64_t T = x.dim(0);
   if (!linear_group_one_launch(*this, T, w)) {
     for (size_t i = 0; i < w.size(); ++i) linear(x, *w[i], out[i]);
