@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "io/json_strict.h"
 #include "tokenizer/tokenizer.h"
@@ -374,14 +374,14 @@ Result<std::unique_ptr<Tokenizer>> TokenizerBuilder::hf(const std::string& path,
   std::vector<std::pair<int32_t, std::string>> raw_vocab;
   int64_t max_id = -1;
   std::string bytes;
-  std::unordered_set<int32_t> ids_seen;  // an id shared by two entries could not decode both
+  std::unordered_map<int32_t, std::string> key_by_id;  // an id shared by two entries could not decode both
   for (auto it = vit->begin(); it != vit->end(); ++it) {
     if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() >= kMaxId)
       return error("{}: key model.vocab[\"{}\"]: id must be an integer in [0, {})", path, io::printable(it.key()), kMaxId);
     const auto id = static_cast<int32_t>(it->get<int64_t>());
     if (!vocab.emplace(it.key(), id).second)
       return error("{}: key model.vocab[\"{}\"]: duplicate", path, io::printable(it.key()));
-    if (!ids_seen.insert(id).second)
+    if (!key_by_id.emplace(id, it.key()).second)
       return error("{}: key model.vocab[\"{}\"]: id {} is used by another entry", path, io::printable(it.key()), id);
     max_id = std::max<int64_t>(max_id, id);
     // Entries outside the byte map (DeepSeek lists its added tokens here too) keep their raw
@@ -414,6 +414,11 @@ Result<std::unique_ptr<Tokenizer>> TokenizerBuilder::hf(const std::string& path,
       tiers[normalized ? 1 : 0].push_back({content, static_cast<int32_t>(id), special});
       if (!t->specials_by_text_.emplace(content, static_cast<int32_t>(id)).second)
         return error("{}: duplicate content", where);
+      // DeepSeek also lists its added tokens in model.vocab, under the same id and text. An id
+      // that names different text in the two places (or in two added tokens) could not decode
+      // to both: BPE output of that id would decode as the added token's text.
+      if (auto [k, fresh] = key_by_id.emplace(static_cast<int32_t>(id), content); !fresh && k->second != content)
+        return error("{}: id {} is \"{}\" in model.vocab or an earlier added token", where, id, io::printable(k->second));
       added.emplace_back(static_cast<int32_t>(id), content);
       max_id = std::max(max_id, id);
     }

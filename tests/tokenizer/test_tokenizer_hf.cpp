@@ -139,6 +139,12 @@ TEST(TokenizerHf, TinyTokenizerJsonEncodesByMerges) {
   EXPECT_EQ((*t)->encode("ac"), (std::vector<int32_t>{'a', 'c'}));
   auto dir = Tokenizer::from_model_dir(d.path());
   EXPECT_TRUE(dir.is_ok());
+  // DeepSeek lists its added tokens in model.vocab too, under the same id and text: that loads.
+  auto j = tiny_tokenizer_json();
+  j["model"]["vocab"]["<eos>"] = 258;
+  auto listed_twice = Tokenizer::from_tokenizer_json(d.write("listed_twice.json", j.dump()), "");
+  ASSERT_TRUE(listed_twice.is_ok()) << listed_twice.status().message();
+  EXPECT_EQ((*listed_twice)->encode("ab<eos>"), (std::vector<int32_t>{256, 258}));
 }
 
 TEST(TokenizerHf, UnsupportedOrMalformedFilesAreNamedErrors) {
@@ -160,6 +166,12 @@ TEST(TokenizerHf, UnsupportedOrMalformedFilesAreNamedErrors) {
       {[](nlohmann::json& j) { j["model"]["vocab"].erase("a"); }, "lacks the single-byte token 0x61"},
       {[](nlohmann::json& j) { j["model"]["merges"][1] = "ab"; }, "model.merges[1]: expected"},
       {[](nlohmann::json& j) { j["model"]["vocab"]["ab"] = j["model"]["vocab"]["a"]; }, "is used by another entry"},
+      // Found by fuzz_tokenizer_json: BPE's "ab" (256) would decode as "<eos>".
+      {[](nlohmann::json& j) { j["added_tokens"][0]["id"] = 256; }, "added_tokens[0]: id 256 is \"ab\""},
+      {[](nlohmann::json& j) {
+         j["added_tokens"].push_back({{"id", 258}, {"content", "<pad>"}, {"special", true}});
+       },
+       "added_tokens[1]: id 258 is \"<eos>\""},
   };
   TempDir d;
   for (const Case& c : cases) {
