@@ -1,7 +1,8 @@
 // Hopper (sm_90a) chunk kernel of the naive MLA prefill for d_qk 192 / d_v 128: the semantics of
 // naive_tc_chunk (gpu_mla_naive_tc.cu) on wgmma instead of mma.sync. Trade-off: the simplest wgmma
-// design that can be proved right on paper (cp.async by all threads, no producer warpgroup, no TMA,
-// no swizzle, one barrier per key tile) over FlashAttention-3's warp-specialized pipeline.
+// design that can be proved right on paper (K / V by the bulk tensor copy engine from one thread into
+// 128-byte-swizzled tiles, no producer warpgroup, one barrier per key tile) over FlashAttention-3's
+// warp-specialized pipeline.
 #include "backend/gpu/gpu_mla_naive_sm90a.h"
 
 #include <algorithm>
@@ -10,6 +11,9 @@
 #include "core/status.h"
 
 #if MLA_GPU_CUDA
+#include <cuda.h>          // CUtensorMap (the type only: no libcuda link, see tensor_map_encoder)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include "backend/gpu/gpu_mma.cuh"
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "gpu_mla_naive_sm90a.cu must be compiled for sm_90a only (src/backend/gpu/CMakeLists.txt)"
@@ -25,8 +29,9 @@ using namespace mma;  // smem_addr, cp.async (gpu_mma.cuh)
 
 // ---- Design -------------------------------------------------------------------------------------
 // CTA = 2 warpgroups (256 threads), 128 query rows x one head; warpgroup w owns rows [64 w, 64 w + 64)
-// (wgmma m64). Key tiles of 128 keys, double-buffered in shared memory by cp.async issued by every
-// thread one tile ahead. Per warpgroup and tile:
+// (wgmma m64). Key tiles of 128 keys, double-buffered in shared memory, filled one tile ahead by the
+// bulk tensor copy engine (TMA: 5 boxes of 128 keys x 64 dims per tile, issued by thread 0, completing
+// on the buffer's mbarrier). Per warpgroup and tile:
 //   S[64 x 128]  = Q K^T:  12 x wgmma m64n128k16, A = Q (smem), B = K (smem, K-major)
 //   softmax on the fp32 accumulators (2 rows per thread, quad shuffles), P -> bf16 A fragments
 //   O[64 x 128] += P V:     8 x wgmma m64n128k16, A = P (registers), B = V (smem, MN-major, trans-b)
@@ -39,29 +44,36 @@ using namespace mma;  // smem_addr, cp.async (gpu_mma.cuh)
 // take 512 clk against 768 + 512 clk of its warpgroup's wgmma (m64n128k16 ~ 64 clk at 4096 FLOP/clk/SM)
 // -- 40% of the tensor time, lost if both warpgroups exponentiate at once. A named barrier orders the
 // two warpgroups' S issue (ping-pong, below) so each softmax runs under the other's GEMMs.
-// Not done (next steps, FA3): a producer warpgroup with TMA + mbarriers and setmaxnreg, a deeper K / V
-// ring instead of one __syncthreads per tile. (An intra-warpgroup-overlap variant, S(t + 1) and its
+// Why TMA (session 10): with per-lane 16-byte cp.async copies the L2 served twice the K / V bytes the
+// kernel asked for and sat 72% busy with the tensor pipe 24% active (ncu, docs/performance.md session 9);
+// a box copy moves whole 128-byte lines and takes the 80 copy instructions per thread and tile off the
+// math warps. Not done (next steps, FA3): a producer warpgroup with setmaxnreg and "empty" mbarriers
+// instead of one __syncthreads per tile. (An intra-warpgroup-overlap variant, S(t + 1) and its
 // softmax under P V(t), passed parity on the H200 but measured 8-10% slower: 194 / 210 TFLOP/s against
 // 211 / 233 at 16 / 128 heads, ctx 16K, 2026-11-30; not kept.)
 //
-// ---- Shared-memory layout (no swizzle, "interleaved" core matrices) ------------------------------
-// A core matrix is 8 rows x 16 bytes (8 bf16) stored as 128 contiguous bytes, row r at byte 16 r.
-// Every operand tile [R rows][U x 8 columns] (Q, K: row = query / key, 8-column unit = 8 dims of d_qk;
-// V: row = key, unit = 8 columns of d_v) puts core matrix (row block rb, unit u) at byte
-// (rb U + u) x 128, so element (row, col) lives at ((row / 8) U + col / 8) 128 + (row % 8) 16 + (col % 8) 2.
-// The loader's linear 16-byte unit index c = 8 (rb U + u) + row % 8 is then simply byte 16 c.
-// Descriptors (PTX ISA "Matrix Descriptor Format"; canonical layouts, no-swizzle rows):
-//   bits 0-13 start address >> 4, 16-29 leading byte offset (LBO) >> 4, 32-45 stride byte offset
-//   (SBO) >> 4, 49-51 base offset (0 without swizzle), 62-63 swizzle mode (0 = none).
-//   K-major, no swizzle:  ((8, m), (T, 2k)) : ((1T, SBO), (1, LBO))  [T = 8 bf16 = 16 B]
-//     -> LBO = byte distance of core matrices adjacent along K, SBO = along M / N.
-//     Q (A of S) and K (B of S), U = 24: LBO = 128, SBO = 24 x 128 = 3072. k-step ks (dims 16 ks..)
-//     starts at unit 2 ks: + 256 B. Warpgroup w's A starts at row block 8 w: + 8 w x 3072 B.
-//   MN-major, no swizzle: ((T, 1, m), (8, k)) : ((1, T, SBO), (1T, LBO))
-//     -> a core matrix is 8 K-rows (keys) of 8 contiguous N elements (columns); LBO = distance along
-//     K, SBO = along N. V (B of P V, B[k = key][n = column]), U = 16: LBO = 16 x 128 = 2048 (next
-//     8 keys), SBO = 128 (next 8 columns). k-step ks (keys 16 ks..) starts at row block 2 ks: + 4096 B.
-//     (Note the swizzled MN-major modes swap the roles of LBO and SBO; the no-swizzle one does not.)
+// ---- Shared-memory layouts ----------------------------------------------------------------------
+// Descriptors (PTX ISA "Matrix Descriptor Format"): bits 0-13 start address >> 4, 16-29 leading byte
+// offset (LBO) >> 4, 32-45 stride byte offset (SBO) >> 4, 49-51 base offset (0: every swizzled tile
+// starts 1024-byte aligned), 62-63 swizzle mode (0 none, 1 = 128 B). T = 8 bf16 = 16 B below.
+// Q (A of S; staged by the threads from fp32): no swizzle, "interleaved" core matrices. A core matrix
+//   is 8 rows x 16 bytes stored as 128 contiguous bytes, row r at byte 16 r; core matrix (row block rb,
+//   unit u of 8 dims) at byte (rb 24 + u) 128, so element (row, col) lives at
+//   ((row / 8) 24 + col / 8) 128 + (row % 8) 16 + (col % 8) 2, and linear 16-byte unit c = 8 (rb 24 + u)
+//   + row % 8 is byte 16 c. K-major, no swizzle: ((8, m), (T, 2k)) : ((1T, SBO), (1, LBO)) -> LBO =
+//   128 (next 8 dims), SBO = 24 x 128 = 3072 (next 8 rows). k-step ks starts at + 256 ks B; warpgroup
+//   w's rows at + 8 w x 3072 B.
+// K and V (written by TMA, CU_TENSOR_MAP_SWIZZLE_128B): a box of 128 keys x 64 dims lands as 128 rows
+//   of 128 B, row r at byte 128 r with its eight 16-byte units permuted, unit u at u ^ (r % 8). K's 192
+//   dims are 3 such boxes (16 KB apart), V's 128 columns 2.
+//   K (B of S, K-major, 128-byte swizzle): ((8, m), (T, 2k)) : ((8T, SBO), (1, T)) -> SBO = 1024 (next
+//     8 keys); LBO unused (a k-step never leaves its 128-byte row; encoded 16). k-step ks (dims
+//     16 ks ..) starts in box ks / 4 at + 32 (ks % 4) B: the hardware applies the XOR to the address
+//     bits, so a start inside the swizzle row is how a k-step is selected (the tile base stays aligned).
+//   V (B of P V, MN-major, 128-byte swizzle): ((T, 8, m), (8, k)) : ((1, T, LBO), (8T, SBO)) -> LBO =
+//     16384 (the next 64 columns = the next box), SBO = 1024 (next 8 keys). k-step ks (keys 16 ks ..)
+//     starts at + 2048 ks B. (The swizzled MN-major modes put the MN-direction repeat in LBO; the
+//     no-swizzle mode puts it in SBO.)
 //   Transpose flags: S uses tnspA = tnspB = 0 (both K-major); P V uses tnspB = 1 (MN-major B).
 //
 // ---- Register fragments (wgmma m64nNk16, per PTX ISA; g = lane / 4, t = lane % 4, warp q = warp % 4
@@ -73,11 +85,11 @@ using namespace mma;  // smem_addr, cp.async (gpu_mma.cuh)
 //   a0 = (s[8ks], s[8ks+1]), a1 = (s[8ks+2], s[8ks+3]), a2 = (s[8ks+4], s[8ks+5]), a3 = (s[8ks+6], s[8ks+7]).
 //
 // ---- If parity fails, check first ----------------------------------------------------------------
-//   1. V descriptor: swap LBO / SBO (2048 <-> 128) -- the one layout that is MN-major.
+//   1. V descriptor: swap LBO / SBO (16384 <-> 1024) -- the one layout that is MN-major.
 //   2. S alone: set O += P V aside and dump S for one tile against Q K^T on the host (descriptor of
-//      Q / K, the 256-B k-step advance, warpgroup row offset 8 x 3072).
+//      Q / K, the 256-B / 32-B k-step advances, warpgroup row offset 8 x 3072).
 //   3. cuobjdump -sass: HGMMA present, no "wgmma serialized" ptxas warning, no local memory.
-//   4. The proxy fences: fence.proxy.async after the Q stores and after each cp.async wait.
+//   4. The proxy fence after the Q stores; the mbarrier parity ((tile / 2) % 2 for buffer tile % 2).
 
 constexpr int kDqk = 192, kDv = 128;
 constexpr int kWarpgroups = 2, kThreads = kWarpgroups * 128;  // CUDA-only: 32-lane warps
@@ -88,23 +100,66 @@ constexpr uint32_t kQBytes = kRows * kDqk * 2;                // 48 KB
 constexpr uint32_t kKBytes = kKeys * kDqk * 2;                // 48 KB per stage
 constexpr uint32_t kVBytes = kKeys * kDv * 2;                 // 32 KB per stage
 constexpr size_t kSmem = size_t(kQBytes) + 2 * size_t(kKBytes + kVBytes);  // 208 KB
-constexpr uint32_t kQkSbo = kQUnits * 128;  // 3072: next 8 rows of Q / K
-constexpr uint32_t kVLbo = kVUnits * 128;   // 2048: next 8 keys of V
+constexpr uint32_t kQSbo = kQUnits * 128;   // 3072: next 8 rows of Q
+constexpr int kBoxDims = 64;                  // dims (K) or columns (V) per TMA box: one 128-byte row
+constexpr uint32_t kBoxBytes = kKeys * kBoxDims * 2;  // 16 KB
+constexpr uint32_t kTileTx = kKBytes + kVBytes;       // bytes the copy engine credits per tile (5 boxes)
+constexpr uint32_t kSwRowGroup = 1024;                // 8 swizzled 128-byte rows: SBO of K and V
+constexpr uint32_t kBarOffset = kQBytes + 2 * (kKBytes + kVBytes);  // 2 mbarriers ("tile landed")
+constexpr size_t kSmemAlloc = kSmem + 64 + 1024;  // + barriers + slack to align the base to 1024
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -__builtin_huge_valf();
 static_assert((kKeys * kQUnits) % kThreads == 0 && (kKeys * kVUnits) % kThreads == 0 &&
                   (kRows * kQUnits) % kThreads == 0, "whole loader passes");
-static_assert(kSmem <= 227 * 1024, "one CTA per SM within the opt-in limit");
+static_assert(kSmemAlloc <= 227 * 1024, "one CTA per SM within the opt-in limit");
+static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0, "swizzled tiles 1024-aligned");
+static_assert(kKBytes == (kDqk / kBoxDims) * kBoxBytes && kVBytes == (kDv / kBoxDims) * kBoxBytes, "whole boxes");
 
 // Descriptor of a no-swizzle tile at shared address `addr` (16-byte aligned, < 256 KB).
 __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return uint64_t((addr >> 4) & 0x3fff) | (uint64_t((lbo >> 4) & 0x3fff) << 16) |
          (uint64_t((sbo >> 4) & 0x3fff) << 32);  // base offset 0, swizzle mode 0
 }
+// Descriptor of a 128-byte-swizzled tile (base offset 0: the tile base is 1024-byte aligned).
+__device__ __forceinline__ uint64_t make_desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return make_desc(addr, lbo, sbo) | (uint64_t(1) << 62);
+}
 // Start-address advance by `bytes` (multiple of 16): the field is the low 14 bits and addresses stay
 // below 2^18 B, so plain addition never carries out of it.
 __device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + uint64_t(bytes >> 4); }
+
+// ---- mbarrier + bulk tensor copy (PTX ISA 8.0, sm_90) ---------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the copy engine (async proxy).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Thread with p: arrive once on `bar` and expect `bytes` of copy-engine writes in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx_if(bool p, uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q mbarrier.arrive.expect_tx.shared::cta.b64 _, [%1], %2;\n}\n" ::"r"(
+                   uint32_t(p)),
+               "r"(bar), "r"(bytes)
+               : "memory");
+}
+// Spins until the phase with parity `parity` of `bar` has completed. The loop lives inside the asm
+// (labels are local to the braces): a compiler-visible loop next to wgmma would serialize it (C7518).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Thread with p: copy box (c0, c1, c2) of the 3-D tensor map into shared `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_load_3d_if(bool p, uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
+                                               int c1, int c2) {
+  asm volatile(
+      "{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n"
+      "@q cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%1], [%2, {%4, %5, %6}], [%3];\n}\n" ::"r"(
+          uint32_t(p)),
+      "r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
 
 // Named barrier 1 over the CTA's 256 threads: warpgroup 0 arrives (no wait), warpgroup 1 waits for it.
 // Predicated inside the asm, not branched: a compiler-visible branch next to wgmma makes ptxas
@@ -176,34 +231,23 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[64], const uint32_t (&a)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
-// cp.async of rows [key0, key0 + kKeys) of a [n][U x 8] bf16 head into the core-matrix tile at `dst`;
-// rows at or past `valid` are zero-filled (masked later, but 0 x garbage could be NaN in P V). Thread
-// tid copies units c = tid + kThreads p: row block (c / 8) / U, unit (c / 8) % U, row c % 8, to byte
-// 16 c; the 8 lanes of one unit read 16 B of 8 consecutive rows, a warp 4 units (64 B) of each.
-template <int U>
-__device__ __forceinline__ void load_tile(uint32_t dst, const uint16_t* head, int64_t key0, int valid, int tid) {
-  constexpr int kPasses = kKeys * U / kThreads;  // K: 12, V: 8
-  const int r8 = tid % 8, c8 = tid / 8;          // c / 8 = c8 + (kThreads / 8) p
-#pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-    const int blk = c8 + (kThreads / 8) * p, rb = blk / U, u = blk - rb * U;
-    const int row = rb * 8 + r8;
-    const bool ok = row < valid;
-    cp_async16(dst + uint32_t((tid + kThreads * p) * 16), ok ? head + (key0 + row) * (U * 8) + u * 8 : head,
-               ok ? 16 : 0);
-  }
-}
-
 // Block (row tile, head): rows [i0, i0 + 128) of the sequence for head h against the chunk's keys.
 // Causal rule (as naive_tc_chunk): CTA-relative row r sees chunk key jj iff jj < n and
 // jj <= first_pos + i0 + r - j0 =: lim(r); a warpgroup skips the key tiles none of its 64 rows sees and
 // masks only the tiles that straddle its rows' limits or the chunk end. Running state (m in log2
 // units of the scaled score, per-lane partial sums l, unnormalized O) as the mma.sync kernels.
-__global__ void __launch_bounds__(kThreads, 1) naive_sm90a_kernel(NaiveTcArgs a) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+// Tensor maps (host, naive_sm90a_chunk): K as [H][n][192] and V as [H][n][128] bf16, boxes of
+// 64 x 128 x 1, 128-byte swizzle; keys at or past n read as zeros (0 x garbage could be NaN in P V).
+__global__ void __launch_bounds__(kThreads, 1)
+    naive_sm90a_kernel(const NaiveTcArgs a, const __grid_constant__ CUtensorMap k_map,
+                       const __grid_constant__ CUtensorMap v_map) {
+  extern __shared__ __align__(1024) unsigned char smem_dyn[];
+  // The swizzle pattern is a function of the address: align the base to 1024 B (kSmemAlloc has slack).
+  unsigned char* smem_raw = smem_dyn + ((1024 - (smem_addr(smem_dyn) & 1023)) & 1023);
   const uint32_t q_sa = smem_addr(smem_raw);     // Q [128 rows x 192]
-  const uint32_t k_sa = q_sa + kQBytes;          // K [2][128 keys x 192]
-  const uint32_t v_sa = k_sa + 2 * kKBytes;      // V [2][128 keys x 128]
+  const uint32_t k_sa = q_sa + kQBytes;          // K [2][3 boxes][128 keys x 64]
+  const uint32_t v_sa = k_sa + 2 * kKBytes;      // V [2][2 boxes][128 keys x 64]
+  const uint32_t bar_sa = q_sa + kBarOffset;     // "tile landed" mbarrier of buffer b at + 8 b
 
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int wg = warp / 4, wq = warp % 4;
@@ -213,14 +257,27 @@ __global__ void __launch_bounds__(kThreads, 1) naive_sm90a_kernel(NaiveTcArgs a)
   const int64_t base_lim = a.first_pos + i0 - a.j0;  // lim(r) = base_lim + r
   const int64_t n_eff = min(a.n, base_lim + qn);      // keys any valid row of the CTA sees; may be <= 0
   const int num_tiles = n_eff > 0 ? int((n_eff + kKeys - 1) / kKeys) : 0;
-  const int n_valid = int(max(n_eff, int64_t(0)));   // keys loaded (the rest zero-filled)
-  const uint16_t* k_head = a.k + int64_t(h) * a.n * kDqk;
-  const uint16_t* v_head = a.v + int64_t(h) * a.n * kDv;
+  // Thread 0 is the copy issuer: one arrive + expect_tx and 5 box copies per tile, predicated inside
+  // the asm (no branch). Keys past the tensor's n arrive as zeros; keys in [n_eff, n) are real data
+  // that the causal mask gives weight 0.
+  const bool issuer = tid == 0;
   auto load_kv = [&](int tile, int buf) {
-    load_tile<kQUnits>(k_sa + uint32_t(buf) * kKBytes, k_head, int64_t(tile) * kKeys, n_valid - tile * kKeys, tid);
-    load_tile<kVUnits>(v_sa + uint32_t(buf) * kVBytes, v_head, int64_t(tile) * kKeys, n_valid - tile * kKeys, tid);
-    cp_async_commit();
+    const uint32_t bar = bar_sa + 8 * uint32_t(buf);
+    mbar_arrive_expect_tx_if(issuer, bar, kTileTx);
+#pragma unroll
+    for (int b = 0; b < kDqk / kBoxDims; ++b)
+      tma_load_3d_if(issuer, k_sa + uint32_t(buf) * kKBytes + uint32_t(b) * kBoxBytes, &k_map, bar, b * kBoxDims,
+                     tile * kKeys, h);
+#pragma unroll
+    for (int b = 0; b < kDv / kBoxDims; ++b)
+      tma_load_3d_if(issuer, v_sa + uint32_t(buf) * kVBytes + uint32_t(b) * kBoxBytes, &v_map, bar, b * kBoxDims,
+                     tile * kKeys, h);
   };
+  if (issuer) {  // before any copy and any wait (the waits come after the first __syncthreads)
+    mbar_init(bar_sa, 1);
+    mbar_init(bar_sa + 8, 1);
+    mbar_init_fence();
+  }
   if (num_tiles > 0) load_kv(0, 0);  // overlaps the Q staging
 
   {  // Q rows -> bf16 core-matrix layout (rows past q_len zero), one 16-byte unit per thread and pass.
@@ -280,19 +337,19 @@ __global__ void __launch_bounds__(kThreads, 1) naive_sm90a_kernel(NaiveTcArgs a)
   }
 
   const float c = a.scale * kLog2e;  // > 0 (dispatcher): the max of raw scores scales to the max of scaled ones
-  const uint64_t dq = make_desc(q_sa + uint32_t(wg) * 8 * kQkSbo, 128, kQkSbo);
+  const uint64_t dq = make_desc(q_sa + uint32_t(wg) * 8 * kQSbo, 128, kQSbo);
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int buf = tile & 1;
-    cp_async_wait_all();
-    fence_proxy_async();  // this thread's cp.async bytes of K / V (tile) -> wgmma reads
-    __syncthreads();      // K / V (tile) and Q visible; every warpgroup is done with buffer buf ^ 1
+    mbar_wait(bar_sa + 8 * uint32_t(buf), uint32_t(tile >> 1) & 1u);  // K / V (tile) landed
+    __syncthreads();  // Q visible (first tile); every warpgroup is done with buffer buf ^ 1
     if (tile + 1 < num_tiles) load_kv(tile + 1, buf ^ 1);
     const bool active = tile < wg_tiles;  // warpgroup-uniform: some row of the warpgroup sees these keys
-    const uint64_t dk = make_desc(k_sa + uint32_t(buf) * kKBytes, 128, kQkSbo);
-    const uint64_t dv = make_desc(v_sa + uint32_t(buf) * kVBytes, kVLbo, 128);
+    const uint32_t k_tile = k_sa + uint32_t(buf) * kKBytes;
+    const uint64_t dv = make_desc_sw128(v_sa + uint32_t(buf) * kVBytes, kBoxBytes, kSwRowGroup);
 
-    // S[64 x 128] = Q K^T over d_qk: 12 k-steps of 16 dims = 2 core-matrix units (256 B) each.
+    // S[64 x 128] = Q K^T over d_qk: 12 k-steps of 16 dims (Q: 2 core-matrix units = 256 B; K: 32 B
+    // within box ks / 4).
     // Ping-pong: warpgroup 1 issues its S only after warpgroup 0 has issued its own, so the tensor
     // pipes run S0 then S1 (during softmax 0), then P V 0 (during softmax 1), then P V 1, instead of
     // both softmaxes idling the tensor cores together. Both warpgroups pass barrier 1 exactly once per
@@ -311,7 +368,9 @@ __global__ void __launch_bounds__(kThreads, 1) naive_sm90a_kernel(NaiveTcArgs a)
     named_barrier_sync_if(wg == 1);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kDqk / 16; ++ks) wgmma_ss(s, desc_add(dq, ks * 256), desc_add(dk, ks * 256), ks > 0);
+    for (int ks = 0; ks < kDqk / 16; ++ks)
+      wgmma_ss(s, desc_add(dq, ks * 256),
+               make_desc_sw128(k_tile + uint32_t(ks / 4) * kBoxBytes + uint32_t(ks % 4) * 32, 16, kSwRowGroup), ks > 0);
     wgmma_commit();
     named_barrier_arrive_if(wg == 0);
     wgmma_wait_all();
@@ -369,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1) naive_sm90a_kernel(NaiveTcArgs a)
         else l_lo += bf16_lo(p) + bf16_hi(p);
       }
 
-    // O[64 x 128] += P[64 x 128] V[128 x 128]: 8 k-steps of 16 keys = 2 row blocks (4096 B) each.
+    // O[64 x 128] += P[64 x 128] V[128 x 128]: 8 k-steps of 16 keys = 2 swizzle row groups (2048 B).
 #pragma unroll
     for (int i = 0; i < 64; ++i) pin(o[i]);
 #pragma unroll
@@ -378,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1) naive_sm90a_kernel(NaiveTcArgs a)
       for (int j = 0; j < 4; ++j) pin(pa[ks][j]);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kKeys / 16; ++ks) wgmma_rs_tb(o, pa[ks], desc_add(dv, ks * 2 * kVLbo));
+    for (int ks = 0; ks < kKeys / 16; ++ks) wgmma_rs_tb(o, pa[ks], desc_add(dv, ks * 2 * kSwRowGroup));
     wgmma_commit();
     wgmma_wait_all();  // before the next barrier: buffer buf is refilled after it
 #pragma unroll
@@ -416,6 +475,37 @@ __global__ void __launch_bounds__(kThreads, 1) naive_sm90a_kernel(NaiveTcArgs a)
   }
 }
 
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda, which
+// the CI machines lack); null where the driver does not offer it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// Tensor map of one [heads][n][cols] bf16 tensor for boxes of kBoxDims columns x kKeys keys x 1 head,
+// 128-byte swizzle, zeros outside. Host-only work (no allocation, no device call): cheap per chunk.
+CUtensorMap make_kv_map(const uint16_t* base, int cols, int64_t n, int heads) {
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(n), cuuint64_t(heads)};
+  const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, cuuint64_t(n) * cuuint64_t(cols) * 2};  // bytes, dims 1..2
+  const cuuint32_t box[3] = {cuuint32_t(kBoxDims), cuuint32_t(kKeys), 1};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(base), dims,
+                                          strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  MLA_CHECK(r == CUDA_SUCCESS, "naive_sm90a_chunk: cuTensorMapEncodeTiled failed ({}) for [{}][{}][{}]", int(r), heads,
+            n, cols);
+  return map;
+}
+
 }  // namespace
 
 bool naive_sm90a_supported(int dqk, int dv) {
@@ -426,7 +516,7 @@ bool naive_sm90a_supported(int dqk, int dv) {
   if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return false;
   // sm_90a machine code runs on compute capability 9.0 exactly.
-  return major == 9 && minor == 0 && kSmem <= size_t(smem_optin);
+  return major == 9 && minor == 0 && kSmemAlloc <= size_t(smem_optin) && tensor_map_encoder() != nullptr;
 }
 
 // Preconditions (naive_tc_chunk checks them): d_qk 192, d_v 128, scale > 0, k / v 16-byte aligned,
@@ -438,9 +528,14 @@ void naive_sm90a_chunk(const NaiveTcArgs& a, Stream stream) {
             "naive_sm90a_chunk: k / v not 16-byte aligned");
   if (a.q_len <= 0 || a.heads <= 0) return;
   const auto kernel = naive_sm90a_kernel;
-  MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+  MLA_CHECK(a.n < (int64_t(1) << 31), "naive_sm90a_chunk: chunk of {} keys past the copy engine's coordinates", a.n);
+  // No keys (n <= 0): the kernel issues no copy (num_tiles 0) but still finalises the rows, so it runs
+  // with empty maps.
+  const CUtensorMap k_map = a.n > 0 ? make_kv_map(a.k, kDqk, a.n, a.heads) : CUtensorMap{};
+  const CUtensorMap v_map = a.n > 0 ? make_kv_map(a.v, kDv, a.n, a.heads) : CUtensorMap{};
+  MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemAlloc)));
   const dim3 grid(unsigned((a.q_len + kRows - 1) / kRows), unsigned(a.heads));
-  kernel<<<grid, kThreads, kSmem, stream>>>(a);
+  kernel<<<grid, kThreads, kSmemAlloc, stream>>>(a, k_map, v_map);
   MLA_GPU_LAUNCH_CHECK();
 }
 
