@@ -28,18 +28,19 @@ namespace {
 using namespace mma;  // smem_addr, cp.async (gpu_mma.cuh)
 
 // ---- Design -------------------------------------------------------------------------------------
-// CTA = 2 warpgroups (256 threads), 128 query rows x one head; warpgroup w owns rows [64 w, 64 w + 64)
-// (wgmma m64). Key tiles of 128 keys, double-buffered in shared memory, filled one tile ahead by the
-// bulk tensor copy engine (TMA: 5 boxes of 128 keys x 64 dims per tile, issued by thread 0, completing
-// on the buffer's mbarrier). Per warpgroup and tile:
+// CTA = 2 math warpgroups (256 threads) + 1 producer warp; 128 query rows x one head; warpgroup w
+// owns rows [64 w, 64 w + 64) (wgmma m64). Key tiles of 128 keys, double-buffered in shared memory:
+// the producer warp's lane 0 fills a buffer with the bulk tensor copy engine (TMA: 5 boxes of 128 keys
+// x 64 dims, completing on the buffer's "full" mbarrier) as soon as both warpgroups released it on its
+// "empty" mbarrier; no CTA-wide barrier inside the loop. Per warpgroup and tile:
 //   S[64 x 128]  = Q K^T:  12 x wgmma m64n128k16, A = Q (smem), B = K (smem, K-major)
 //   softmax on the fp32 accumulators (2 rows per thread, quad shuffles), P -> bf16 A fragments
 //   O[64 x 128] += P V:     8 x wgmma m64n128k16, A = P (registers), B = V (smem, MN-major, trans-b)
 // Napkin: per CTA tile 2 x 128 x 128 x 320 = 10.5 MFLOP for 80 KB of K/V (from L2; the 16-32 row
 // tiles of a head share them): 128 FLOP/B. At 16K context, 4096 rows, 128 heads: 4.8 TFLOP causal.
-// Registers per thread: S 64 + O 64 + P 32 (P overwrites dead S) fp32/bf16x2; ptxas (CUDA 13.0): 244,
-// no spills, under the 255 cap of one 256-thread CTA per SM. Shared memory: Q 48 KB + 2 x (K 48 KB + V 32 KB)
-// = 208 KB (1 CTA per SM).
+// Registers per thread: S 64 + O 64 + P 32 (P overwrites dead S) fp32/bf16x2; ptxas (CUDA 13.0): 170
+// with TMA (no per-thread copy addresses), no spills, under the 224 cap of one 288-thread CTA per SM.
+// Shared memory: Q 48 KB + 2 x (K 48 KB + V 32 KB) = 208 KB (1 CTA per SM).
 // Softmax cost: 64 ex2 per thread and tile; MUFU does 4 / clk per SM sub-partition, so a warp's 2048
 // take 512 clk against 768 + 512 clk of its warpgroup's wgmma (m64n128k16 ~ 64 clk at 4096 FLOP/clk/SM)
 // -- 40% of the tensor time, lost if both warpgroups exponentiate at once. A named barrier orders the
@@ -47,8 +48,10 @@ using namespace mma;  // smem_addr, cp.async (gpu_mma.cuh)
 // Why TMA (session 10): with per-lane 16-byte cp.async copies the L2 served twice the K / V bytes the
 // kernel asked for and sat 72% busy with the tensor pipe 24% active (ncu, docs/performance.md session 9);
 // a box copy moves whole 128-byte lines and takes the 80 copy instructions per thread and tile off the
-// math warps. Not done (next steps, FA3): a producer warpgroup with setmaxnreg and "empty" mbarriers
-// instead of one __syncthreads per tile. (An intra-warpgroup-overlap variant, S(t + 1) and its
+// math warps. Why a producer warp rather than thread 0: the refill then waits only for the buffer's
+// readers, not for a __syncthreads that also stalled warpgroup 0 behind warpgroup 1's P V. Not done
+// (FA3): a third stage (no shared memory left at d_qk 192), setmaxnreg (170 registers fit without it).
+// (An intra-warpgroup-overlap variant, S(t + 1) and its
 // softmax under P V(t), passed parity on the H200 but measured 8-10% slower: 194 / 210 TFLOP/s against
 // 211 / 233 at 16 / 128 heads, ctx 16K, 2026-11-30; not kept.)
 //
@@ -89,13 +92,16 @@ using namespace mma;  // smem_addr, cp.async (gpu_mma.cuh)
 //   2. S alone: set O += P V aside and dump S for one tile against Q K^T on the host (descriptor of
 //      Q / K, the 256-B / 32-B k-step advances, warpgroup row offset 8 x 3072).
 //   3. cuobjdump -sass: HGMMA present, no "wgmma serialized" ptxas warning, no local memory.
-//   4. The proxy fence after the Q stores; the mbarrier parity ((tile / 2) % 2 for buffer tile % 2).
+//   4. The proxy fence after the Q stores; the mbarrier parities (full: (tile / 2) % 2 for buffer
+//      tile % 2; empty: the producer's wait before tile t >= 2 is for phase ((t / 2) - 1) % 2).
 
 constexpr int kDqk = 192, kDv = 128;
-constexpr int kWarpgroups = 2, kThreads = kWarpgroups * 128;  // CUDA-only: 32-lane warps
+constexpr int kWarpgroups = 2, kMathThreads = kWarpgroups * 128;  // CUDA-only: 32-lane warps
+constexpr int kProducerWarp = kMathThreads / 32;                   // warp 8: the copy issuer
+constexpr int kThreads = kMathThreads + 32;
 constexpr int kRows = kWarpgroups * 64;                       // query rows per CTA
 constexpr int kKeys = 128;                                    // keys per tile (wgmma N of S)
-constexpr int kQUnits = kDqk / 8, kVUnits = kDv / 8;          // 16-byte units per row: 24, 16
+constexpr int kQUnits = kDqk / 8;                             // 16-byte units per Q row: 24
 constexpr uint32_t kQBytes = kRows * kDqk * 2;                // 48 KB
 constexpr uint32_t kKBytes = kKeys * kDqk * 2;                // 48 KB per stage
 constexpr uint32_t kVBytes = kKeys * kDv * 2;                 // 32 KB per stage
@@ -105,13 +111,12 @@ constexpr int kBoxDims = 64;                  // dims (K) or columns (V) per TMA
 constexpr uint32_t kBoxBytes = kKeys * kBoxDims * 2;  // 16 KB
 constexpr uint32_t kTileTx = kKBytes + kVBytes;       // bytes the copy engine credits per tile (5 boxes)
 constexpr uint32_t kSwRowGroup = 1024;                // 8 swizzled 128-byte rows: SBO of K and V
-constexpr uint32_t kBarOffset = kQBytes + 2 * (kKBytes + kVBytes);  // 2 mbarriers ("tile landed")
+constexpr uint32_t kBarOffset = kQBytes + 2 * (kKBytes + kVBytes);  // 4 mbarriers: full[2], empty[2]
 constexpr size_t kSmemAlloc = kSmem + 64 + 1024;  // + barriers + slack to align the base to 1024
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -__builtin_huge_valf();
-static_assert((kKeys * kQUnits) % kThreads == 0 && (kKeys * kVUnits) % kThreads == 0 &&
-                  (kRows * kQUnits) % kThreads == 0, "whole loader passes");
+static_assert((kRows * kQUnits) % kMathThreads == 0, "whole Q staging passes");
 static_assert(kSmemAlloc <= 227 * 1024, "one CTA per SM within the opt-in limit");
 static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVBytes % 1024 == 0, "swizzled tiles 1024-aligned");
 static_assert(kKBytes == (kDqk / kBoxDims) * kBoxBytes && kVBytes == (kDv / kBoxDims) * kBoxBytes, "whole boxes");
@@ -135,6 +140,12 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 }
 // Makes the initialised barriers visible to the copy engine (async proxy).
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Thread with p: arrive once on `bar` (no transaction bytes).
+__device__ __forceinline__ void mbar_arrive_if(bool p, uint32_t bar) {
+  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q mbarrier.arrive.shared::cta.b64 _, [%1];\n}\n" ::"r"(uint32_t(p)),
+               "r"(bar)
+               : "memory");
+}
 // Thread with p: arrive once on `bar` and expect `bytes` of copy-engine writes in this phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx_if(bool p, uint32_t bar, uint32_t bytes) {
   asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q mbarrier.arrive.expect_tx.shared::cta.b64 _, [%1], %2;\n}\n" ::"r"(
@@ -161,16 +172,17 @@ __device__ __forceinline__ void tma_load_3d_if(bool p, uint32_t dst, const CUten
       : "memory");
 }
 
-// Named barrier 1 over the CTA's 256 threads: warpgroup 0 arrives (no wait), warpgroup 1 waits for it.
-// Predicated inside the asm, not branched: a compiler-visible branch next to wgmma makes ptxas
-// serialize every wgmma of the kernel (C7518, "WG.DP in divergent path").
-__device__ __forceinline__ void named_barrier_arrive_if(bool p) {
-  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q bar.arrive 1, %1;\n}\n" ::"r"(uint32_t(p)), "n"(kThreads)
+// Named barriers over the 256 math threads (id 0 is __syncthreads): 1 + w = "warpgroup w may issue its
+// S"; 3 = Q staged. Predicated inside the asm, not branched: a compiler-visible branch next to wgmma
+// makes ptxas serialize every wgmma of the kernel (C7518, "WG.DP in divergent path").
+constexpr uint32_t kBarQ = 3;
+__device__ __forceinline__ void named_barrier_arrive_if(bool p, uint32_t id) {
+  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q bar.arrive %1, %2;\n}\n" ::"r"(uint32_t(p)), "r"(id),
+               "n"(kMathThreads)
                : "memory");
 }
-__device__ __forceinline__ void named_barrier_sync_if(bool p) {
-  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q bar.sync 1, %1;\n}\n" ::"r"(uint32_t(p)), "n"(kThreads)
-               : "memory");
+__device__ __forceinline__ void named_barrier_sync(uint32_t id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kMathThreads) : "memory");
 }
 // Pins a register value at this point of the instruction stream: the compiler may not move its
 // producers below, nor its consumers above (wgmma reads / writes registers asynchronously, between
@@ -247,7 +259,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_sa = smem_addr(smem_raw);     // Q [128 rows x 192]
   const uint32_t k_sa = q_sa + kQBytes;          // K [2][3 boxes][128 keys x 64]
   const uint32_t v_sa = k_sa + 2 * kKBytes;      // V [2][2 boxes][128 keys x 64]
-  const uint32_t bar_sa = q_sa + kBarOffset;     // "tile landed" mbarrier of buffer b at + 8 b
+  // mbarriers: full[b] at + 8 b (the copy engine's bytes of the tile in buffer b landed; 1 arrival +
+  // tx), empty[b] at + 16 + 8 b (both warpgroups are done reading buffer b: lane 0 of each of the 8
+  // math warps arrives after its last wgmma wait on the tile).
+  const uint32_t full_sa = q_sa + kBarOffset, empty_sa = full_sa + 16;
 
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int wg = warp / 4, wq = warp % 4;
@@ -257,35 +272,41 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t base_lim = a.first_pos + i0 - a.j0;  // lim(r) = base_lim + r
   const int64_t n_eff = min(a.n, base_lim + qn);      // keys any valid row of the CTA sees; may be <= 0
   const int num_tiles = n_eff > 0 ? int((n_eff + kKeys - 1) / kKeys) : 0;
-  // Thread 0 is the copy issuer: one arrive + expect_tx and 5 box copies per tile, predicated inside
-  // the asm (no branch). Keys past the tensor's n arrive as zeros; keys in [n_eff, n) are real data
-  // that the causal mask gives weight 0.
-  const bool issuer = tid == 0;
-  auto load_kv = [&](int tile, int buf) {
-    const uint32_t bar = bar_sa + 8 * uint32_t(buf);
-    mbar_arrive_expect_tx_if(issuer, bar, kTileTx);
-#pragma unroll
-    for (int b = 0; b < kDqk / kBoxDims; ++b)
-      tma_load_3d_if(issuer, k_sa + uint32_t(buf) * kKBytes + uint32_t(b) * kBoxBytes, &k_map, bar, b * kBoxDims,
-                     tile * kKeys, h);
-#pragma unroll
-    for (int b = 0; b < kDv / kBoxDims; ++b)
-      tma_load_3d_if(issuer, v_sa + uint32_t(buf) * kVBytes + uint32_t(b) * kBoxBytes, &v_map, bar, b * kBoxDims,
-                     tile * kKeys, h);
-  };
-  if (issuer) {  // before any copy and any wait (the waits come after the first __syncthreads)
-    mbar_init(bar_sa, 1);
-    mbar_init(bar_sa + 8, 1);
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(full_sa + 8 * b, 1);
+      mbar_init(empty_sa + 8 * b, kMathThreads / 32);
+    }
     mbar_init_fence();
   }
-  if (num_tiles > 0) load_kv(0, 0);  // overlaps the Q staging
+  __syncthreads();  // the barriers are initialised; the last barrier over all 288 threads
+
+  if (warp == kProducerWarp) {
+    // Producer: lane 0 refills buffer tile % 2 once both warpgroups released the tile two before it;
+    // one expect_tx and 5 box copies per tile. Keys past the tensor's n arrive as zeros; keys in
+    // [n_eff, n) are real data that the causal mask gives weight 0.
+    if (lane == 0) {
+      for (int tile = 0; tile < num_tiles; ++tile) {
+        const uint32_t buf = uint32_t(tile & 1), bar = full_sa + 8 * buf;
+        if (tile >= 2) mbar_wait(empty_sa + 8 * buf, uint32_t((tile >> 1) - 1) & 1u);
+        mbar_arrive_expect_tx_if(true, bar, kTileTx);
+        for (int b = 0; b < kDqk / kBoxDims; ++b)
+          tma_load_3d_if(true, k_sa + buf * kKBytes + uint32_t(b) * kBoxBytes, &k_map, bar, b * kBoxDims,
+                         tile * kKeys, h);
+        for (int b = 0; b < kDv / kBoxDims; ++b)
+          tma_load_3d_if(true, v_sa + buf * kVBytes + uint32_t(b) * kBoxBytes, &v_map, bar, b * kBoxDims,
+                         tile * kKeys, h);
+      }
+    }
+    return;  // no CTA-wide barrier follows: the math threads use named barriers of 256
+  }
 
   {  // Q rows -> bf16 core-matrix layout (rows past q_len zero), one 16-byte unit per thread and pass.
     const float* q_base = a.q + (a.q0 + i0) * a.q_s0 + int64_t(h) * a.q_s1;
     const int r8 = tid % 8, c8 = tid / 8;
 #pragma unroll 4
-    for (int p = 0; p < kRows * kQUnits / kThreads; ++p) {
-      const int blk = c8 + (kThreads / 8) * p, rb = blk / kQUnits, u = blk - rb * kQUnits;
+    for (int p = 0; p < kRows * kQUnits / kMathThreads; ++p) {
+      const int blk = c8 + (kMathThreads / 8) * p, rb = blk / kQUnits, u = blk - rb * kQUnits;
       const int row = rb * 8 + r8;
       uint4 w = make_uint4(0u, 0u, 0u, 0u);
       if (row < qn) {
@@ -295,10 +316,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 8; ++e) b[e] = f32_to_bf16_bits(src[e]);
         w = make_uint4(b[0] | (b[1] << 16), b[2] | (b[3] << 16), b[4] | (b[5] << 16), b[6] | (b[7] << 16));
       }
-      *reinterpret_cast<uint4*>(smem_raw + (tid + kThreads * p) * 16) = w;
+      *reinterpret_cast<uint4*>(smem_raw + (tid + kMathThreads * p) * 16) = w;
     }
   }
-  fence_proxy_async();  // the Q stores -> wgmma reads (ordered by the first tile's barrier)
+  fence_proxy_async();  // the Q stores -> wgmma reads
+  named_barrier_sync(kBarQ);
+  // Ping-pong turn: warpgroup 1 hands warpgroup 0 its first turn.
+  named_barrier_arrive_if(wg == 1 && num_tiles > 0, 1);
 
   // This thread's rows (CTA-relative) and their key limits clamped to [-1, n - 1]: key jj visible iff
   // jj <= lim (the clamp folds in jj < n; -1 sees nothing).
@@ -341,22 +365,27 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int buf = tile & 1;
-    mbar_wait(bar_sa + 8 * uint32_t(buf), uint32_t(tile >> 1) & 1u);  // K / V (tile) landed
-    __syncthreads();  // Q visible (first tile); every warpgroup is done with buffer buf ^ 1
-    if (tile + 1 < num_tiles) load_kv(tile + 1, buf ^ 1);
+    const uint32_t empty = empty_sa + 8 * uint32_t(buf);
+    const bool release = lane == 0;  // one arrival per math warp on empty[buf]
+    // Ping-pong: the warpgroups take turns issuing S (barrier 1 + w: "w's turn"), so the tensor pipes
+    // run S0 then S1 (during softmax 0), then P V 0 (during softmax 1), then P V 1, instead of both
+    // softmaxes idling the tensor cores together. Each warpgroup waits for its turn and hands the
+    // other one its turn exactly once per tile, active or not; warpgroup 1 handed the first turn
+    // before the loop and skips the hand-over after the last tile, so every barrier phase gets 128
+    // waiting + 128 arriving threads (a warpgroup cannot arrive twice on one phase: its next arrival
+    // follows its own next wait, which needs the other's arrival).
+    const bool hand_over = wg == 0 || tile + 1 < num_tiles;
+    mbar_wait(full_sa + 8 * uint32_t(buf), uint32_t(tile >> 1) & 1u);  // K / V (tile) landed
     const bool active = tile < wg_tiles;  // warpgroup-uniform: some row of the warpgroup sees these keys
     const uint32_t k_tile = k_sa + uint32_t(buf) * kKBytes;
     const uint64_t dv = make_desc_sw128(v_sa + uint32_t(buf) * kVBytes, kBoxBytes, kSwRowGroup);
 
     // S[64 x 128] = Q K^T over d_qk: 12 k-steps of 16 dims (Q: 2 core-matrix units = 256 B; K: 32 B
     // within box ks / 4).
-    // Ping-pong: warpgroup 1 issues its S only after warpgroup 0 has issued its own, so the tensor
-    // pipes run S0 then S1 (during softmax 0), then P V 0 (during softmax 1), then P V 1, instead of
-    // both softmaxes idling the tensor cores together. Both warpgroups pass barrier 1 exactly once per
-    // tile, active or not (the __syncthreads above keeps tiles from overlapping), so it cannot hang.
     if (!active) {
-      named_barrier_arrive_if(wg == 0);
-      named_barrier_sync_if(wg == 1);
+      named_barrier_sync(1 + uint32_t(wg));
+      named_barrier_arrive_if(hand_over, 2 - uint32_t(wg));
+      mbar_arrive_if(release, empty);
       continue;
     }
     float s[64];  // zeroed for the compiler's sake only: the first k-step ignores D's input
@@ -365,14 +394,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       s[i] = 0.0f;
       pin(s[i]);
     }
-    named_barrier_sync_if(wg == 1);
+    named_barrier_sync(1 + uint32_t(wg));
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kDqk / 16; ++ks)
       wgmma_ss(s, desc_add(dq, ks * 256),
                make_desc_sw128(k_tile + uint32_t(ks / 4) * kBoxBytes + uint32_t(ks % 4) * 32, 16, kSwRowGroup), ks > 0);
     wgmma_commit();
-    named_barrier_arrive_if(wg == 0);
+    named_barrier_arrive_if(hand_over, 2 - uint32_t(wg));
     wgmma_wait_all();
 #pragma unroll
     for (int i = 0; i < 64; ++i) pin(s[i]);
@@ -439,7 +468,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < kKeys / 16; ++ks) wgmma_rs_tb(o, pa[ks], desc_add(dv, ks * 2 * kSwRowGroup));
     wgmma_commit();
-    wgmma_wait_all();  // before the next barrier: buffer buf is refilled after it
+    wgmma_wait_all();  // K / V (tile) read: the producer may refill buffer buf
+    mbar_arrive_if(release, empty);
 #pragma unroll
     for (int i = 0; i < 64; ++i) pin(o[i]);
 #pragma unroll
