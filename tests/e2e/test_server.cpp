@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "e2e/test_server_util.h"
+#include "stress_scale.h"
 
 namespace mla::test {
 namespace {
@@ -19,9 +20,11 @@ using Json = nlohmann::json;
 constexpr const char* kKey = "test-key";
 constexpr const char* kModel = "mla-test";
 
-Json run_node(int port, const std::string& mode) {
+// `arg`: the mode's size where it has one (leak: the number of requests).
+Json run_node(int port, const std::string& mode, const std::string& arg = "") {
   const std::string script = std::string(MLA_NPM_DIR) + "/../server_client.mjs";
-  const std::string cmd = fmt::format("node {} http://127.0.0.1:{}/v1 {} {} {} 2>&1", script, port, kModel, kKey, mode);
+  const std::string cmd =
+      fmt::format("node {} http://127.0.0.1:{}/v1 {} {} {} {} 2>&1", script, port, kModel, kKey, mode, arg);
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return Json();
   std::string out;
@@ -258,13 +261,15 @@ TEST_F(ServerE2e, DisconnectsAbortAndNothingLeaks) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_TRUE(counted) << metrics();
-  // 200 streamed requests, a third cancelled mid-stream by the official client. The cancelled ones
-  // ask for 400 tokens: had they not been aborted, their blocks would stay in use for many seconds.
+  // 200 streamed requests (80 under the sanitizers), a third cancelled mid-stream by the official
+  // client. The cancelled ones ask for 400 tokens: had they not been aborted, their blocks would stay
+  // in use for many seconds.
+  const int requests = stress_size(200, 80);
   const double disconnects = metric(metrics(), "mlaserve:http_client_disconnects_total").value_or(-1);
-  const Json r = run_node(port(), "leak");
+  const Json r = run_node(port(), "leak", std::to_string(requests));
   ASSERT_TRUE(r.is_object());
   EXPECT_EQ(r.value("failed", -1), 0) << r.dump();
-  EXPECT_EQ(r.value("ok", 0) + r.value("cancelled", 0), 200) << r.dump();
+  EXPECT_EQ(r.value("ok", 0) + r.value("cancelled", 0), requests) << r.dump();
   EXPECT_TRUE(blocks_drain(port())) << metrics();
   EXPECT_GE(metric(metrics(), "mlaserve:http_client_disconnects_total").value_or(-1) - disconnects, r.value("cancelled", 0))
       << metrics();
@@ -296,7 +301,10 @@ TEST(ServerE2eLoading, HealthIs503WhileLoadingThen200) {
 TEST(ServerE2eQueue, FullQueueAnswers429WithRetryAfter) {
   ServerProcess s(fmt::format("--served-model-name {} --max-num-seqs 1 --max-queue 1", kModel));
   ASSERT_GT(s.port(), 0) << s.log();
-  const std::string body = R"({"prompt":"hi","max_tokens":250,"ignore_eos":true,"temperature":0})";
+  // The first request must still run when the fourth arrives ~90 ms later: 250 tokens take seconds
+  // in the plain build; the sanitized one decodes ~10x slower.
+  const std::string body = fmt::format(R"({{"prompt":"hi","max_tokens":{},"ignore_eos":true,"temperature":0}})",
+                                       stress_size(250, 40));
   std::vector<HttpReply> replies(4);
   std::vector<std::thread> ts;
   for (int i = 0; i < 4; ++i) {
@@ -326,12 +334,12 @@ TEST(ServerE2eLifecycle, SigtermDrainsInFlightRejectsNewAndExits) {
                                      "Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(pre.status, 204) << pre.raw;
   EXPECT_EQ(pre.headers["access-control-allow-origin"], "https://example.test");
-  // An in-flight streaming request.
+  // An in-flight streaming request, still running 400 ms in when the late request arrives (1000
+  // tokens in the plain build; the sanitized one decodes ~10x slower).
   HttpReply inflight;
-  std::thread t([&] {
-    inflight = http(s.port(), "POST", "/v1/completions",
-                    R"({"prompt":"hi","max_tokens":1000,"ignore_eos":true,"stream":true,"temperature":0})");
-  });
+  const std::string long_body = fmt::format(
+      R"({{"prompt":"hi","max_tokens":{},"ignore_eos":true,"stream":true,"temperature":0}})", stress_size(1000, 100));
+  std::thread t([&] { inflight = http(s.port(), "POST", "/v1/completions", long_body); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ASSERT_EQ(kill(s.pid(), SIGTERM), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));

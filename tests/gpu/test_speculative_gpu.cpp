@@ -171,8 +171,8 @@ TEST(GpuSpeculative, NoBlockLeaksAfter100RequestsSomeCancelled) {
   const std::vector<runtime::RequestParams> base = requests(8);
   runtime::RequestParams after = base[0];
   after.ignore_eos = true;
-  check_no_block_leaks_after_100_requests_some_cancelled(
-      **e,
+  check_no_block_leaks_after_requests_some_cancelled(
+      **e, 100,
       [&](int i) {
         runtime::RequestParams p = base[size_t(i % 8)];
         p.max_tokens = 6 + i % 13;

@@ -13,6 +13,7 @@
 #include "io/presets.h"
 #include "model/deepseek_v3_synthetic.h"
 #include "model/model_test_util.h"
+#include "stress_scale.h"
 #include "runtime/engine.h"
 #include "tokenizer/byte_tokenizer_writer.h"
 
@@ -220,7 +221,7 @@ TEST(Engine, RepeatedLongPromptHitsThePrefixCacheWithIdenticalOutput) {
   EXPECT_EQ(run_one(*e, partial).cached_tokens, 100);
 }
 
-TEST(Engine, TwoHundredRequestsAThirdAbortedLeakNoBlocks) {
+TEST(Engine, ManyRequestsAThirdAbortedLeakNoBlocks) {
   EngineConfig c = small_config();
   c.max_num_seqs = 8;
   c.num_blocks = 160;
@@ -234,7 +235,8 @@ TEST(Engine, TwoHundredRequestsAThirdAbortedLeakNoBlocks) {
     FinishReason reason = FinishReason::None;
   };
   std::vector<Live> live;
-  for (int i = 0; i < 200; ++i) {
+  const int requests = stress_size(200, 80);
+  for (int i = 0; i < requests; ++i) {
     RequestParams p;
     p.prompt = prompt_of(3 + int(rng() % 20), 1000 + uint32_t(i));
     if (i % 4 == 0) p.prompt.insert(p.prompt.begin(), shared.begin(), shared.end());  // prefix sharing
@@ -269,14 +271,15 @@ TEST(Engine, TwoHundredRequestsAThirdAbortedLeakNoBlocks) {
     if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ASSERT_EQ(remaining, 0u) << "requests did not finish in time";
-  int aborted = 0;
+  int aborted = 0, cancelled = 0;
   for (const Live& l : live) {
     if (!l.abort) {
       EXPECT_NE(l.reason, FinishReason::Abort);
     }
     aborted += l.reason == FinishReason::Abort;
+    cancelled += l.abort;
   }
-  EXPECT_GT(aborted, 20);  // most of the 67 cancelled requests were still running
+  EXPECT_GT(aborted, cancelled * 3 / 10);  // many of the cancelled requests were still running
   runtime::EngineMetrics m = e->metrics();
   for (int i = 0; i < 100 && (m.num_running || m.num_waiting); ++i) {  // metrics publish after the step
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -1,9 +1,9 @@
 // Drives a running `mlaserve serve` with the official `openai` npm client, as a user's program
 // would, and prints one JSON object of what it saw (the C++ e2e test asserts on it).
-// Usage: node server_client.mjs BASE_URL MODEL API_KEY MODE   (MODE: basic | leak | seeds)
+// Usage: node server_client.mjs BASE_URL MODEL API_KEY MODE [N]   (MODE: basic | leak [N requests, default 200])
 import OpenAI from "openai";
 
-const [baseURL, model, apiKey, mode] = process.argv.slice(2);
+const [baseURL, model, apiKey, mode, size] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60_000 });
 
 async function basic() {
@@ -110,5 +110,5 @@ async function leak(total = 200, concurrency = 16) {
   return { ok, cancelled, failed, errors };
 }
 
-const run = mode === "leak" ? leak : basic;
+const run = mode === "leak" ? () => leak(size ? Number(size) : 200) : basic;
 run().then((r) => { console.log(JSON.stringify(r)); }, (e) => { console.log(JSON.stringify({ fatal: String(e), stack: e.stack })); process.exit(1); });

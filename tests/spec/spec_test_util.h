@@ -47,13 +47,14 @@ inline runtime::EngineMetrics settled(runtime::Engine& e) {
   return m;
 }
 
-// Rollback (issue #8): 100 speculative requests (greedy and sampled, some ignoring EOS; request i
+// Rollback (issue #8): `count` speculative requests (greedy and sampled, some ignoring EOS; request i
 // built from base(i) with a distinct last prompt token) with a third of them cancelled mid-flight.
 // Every stream ends, no block stays in use, drafts were made, and the engine still serves `after`.
-inline void check_no_block_leaks_after_100_requests_some_cancelled(
-    runtime::Engine& e, const std::function<runtime::RequestParams(int)>& base, const runtime::RequestParams& after) {
+inline void check_no_block_leaks_after_requests_some_cancelled(runtime::Engine& e, int count,
+                                                               const std::function<runtime::RequestParams(int)>& base,
+                                                               const runtime::RequestParams& after) {
   std::vector<runtime::SubmitResult> subs;
-  for (int i = 0; i < 100; ++i) {
+  for (int i = 0; i < count; ++i) {
     runtime::RequestParams p = base(i);
     p.prompt.push_back(int32_t(40 + i % 50));
     if (i % 2) {
@@ -65,10 +66,10 @@ inline void check_no_block_leaks_after_100_requests_some_cancelled(
     subs.push_back(e.submit(p));
     ASSERT_TRUE(subs.back().ok());
   }
-  for (int i = 0; i < 100; i += 3) e.abort(subs[size_t(i)].stream->id());
+  for (int i = 0; i < count; i += 3) e.abort(subs[size_t(i)].stream->id());
   int finished = 0;
   for (auto& s : subs) finished += collect_stream(*s.stream).finished ? 1 : 0;
-  EXPECT_EQ(finished, 100);
+  EXPECT_EQ(finished, count);
   const runtime::EngineMetrics m = settled(e);
   EXPECT_EQ(m.num_blocks_used, 0);
   EXPECT_GT(m.spec.num_draft_tokens, 0);
