@@ -1,8 +1,8 @@
 // Hopper (sm_90a) chunk kernel of the naive MLA prefill for d_qk 192 / d_v 128: the semantics of
 // naive_tc_chunk (gpu_mla_naive_tc.cu) on wgmma instead of mma.sync. Trade-off: the simplest wgmma
-// design that can be proved right on paper (K / V by the bulk tensor copy engine from one thread into
-// 128-byte-swizzled tiles, no producer warpgroup, one barrier per key tile) over FlashAttention-3's
-// warp-specialized pipeline.
+// design that can be proved right on paper (K / V by the bulk tensor copy engine into 128-byte-swizzled
+// tiles, issued by one producer warp on full / empty mbarriers; two stages, no setmaxnreg) over the
+// whole of FlashAttention-3's warp-specialized pipeline.
 #include "backend/gpu/gpu_mla_naive_sm90a.h"
 
 #include <algorithm>
@@ -38,7 +38,7 @@ using namespace mma;  // smem_addr, cp.async (gpu_mma.cuh)
 //   O[64 x 128] += P V:     8 x wgmma m64n128k16, A = P (registers), B = V (smem, MN-major, trans-b)
 // Napkin: per CTA tile 2 x 128 x 128 x 320 = 10.5 MFLOP for 80 KB of K/V (from L2; the 16-32 row
 // tiles of a head share them): 128 FLOP/B. At 16K context, 4096 rows, 128 heads: 4.8 TFLOP causal.
-// Registers per thread: S 64 + O 64 + P 32 (P overwrites dead S) fp32/bf16x2; ptxas (CUDA 13.0): 170
+// Registers per thread: S 64 + O 64 + P 32 (P overwrites dead S) fp32/bf16x2; ptxas (CUDA 13.0): 168
 // with TMA (no per-thread copy addresses), no spills, under the 224 cap of one 288-thread CTA per SM.
 // Shared memory: Q 48 KB + 2 x (K 48 KB + V 32 KB) = 208 KB (1 CTA per SM).
 // Softmax cost: 64 ex2 per thread and tile; MUFU does 4 / clk per SM sub-partition, so a warp's 2048
@@ -50,10 +50,10 @@ using namespace mma;  // smem_addr, cp.async (gpu_mma.cuh)
 // a box copy moves whole 128-byte lines and takes the 80 copy instructions per thread and tile off the
 // math warps. Why a producer warp rather than thread 0: the refill then waits only for the buffer's
 // readers, not for a __syncthreads that also stalled warpgroup 0 behind warpgroup 1's P V. Not done
-// (FA3): a third stage (no shared memory left at d_qk 192), setmaxnreg (170 registers fit without it).
-// (An intra-warpgroup-overlap variant, S(t + 1) and its
-// softmax under P V(t), passed parity on the H200 but measured 8-10% slower: 194 / 210 TFLOP/s against
-// 211 / 233 at 16 / 128 heads, ctx 16K, 2026-11-30; not kept.)
+// (FA3): a third stage (no shared memory left at d_qk 192), setmaxnreg (168 registers fit without it).
+// (An intra-warpgroup-overlap variant, S(t + 1) and its softmax under P V(t), passed parity on the
+// H200 but measured 8-10% slower in the cp.async kernel: 194 / 210 TFLOP/s against 211 / 233 at
+// 16 / 128 heads, ctx 16K, 2026-11-30; not kept.)
 //
 // ---- Shared-memory layouts ----------------------------------------------------------------------
 // Descriptors (PTX ISA "Matrix Descriptor Format"): bits 0-13 start address >> 4, 16-29 leading byte
