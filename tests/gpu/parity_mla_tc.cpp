@@ -12,8 +12,9 @@
 namespace mla::test {
 namespace {
 
-// One call: batch arrays on both sides, a random BF16 cache, random q, poisoned out. q_pad >= 0 overrides
-// q's row padding (an odd pad makes q rows 4-byte aligned only: the kernel's scalar q staging).
+// One call: batch arrays on both sides, a random BF16 cache (NaN past each context), random q, poisoned
+// out. q_pad >= 0 overrides q's and out's row padding (an odd pad leaves rows 4-byte aligned only:
+// the kernels' scalar q staging and output stores).
 void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int block_size, bool strided,
              int q_pad = -1, gpu::MlaDecodeKernel kernel = gpu::MlaDecodeKernel::Auto) {
   auto b = make_twin_batch(rng, seqs, block_size);
@@ -22,8 +23,17 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int
   const ops::MlaDims d = deepseek_mla_dims(heads);
   const int64_t kv_dim = d.kv_dim(), r = d.kv_lora_rank, pad = strided ? 8 : 0;
   Twin cache = twin_random(rng, DType::BF16, {num_blocks, block_size, kv_dim});
+  // The rows past each sequence's context (the tail of its last block) hold NaN: a kernel may load
+  // them only as zeros (P is 0 there, and 0 x NaN would poison P V).
+  uint16_t* rows = cache.cpu.as<uint16_t>();
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t owned = int64_t(b->block_indptr[s + 1] - b->block_indptr[s]) * block_size;
+    for (int64_t pos = seqs[s].kv_len; pos < owned; ++pos)
+      std::fill_n(rows + b->slot_of(s, pos) * kv_dim, kv_dim, uint16_t(0x7FC0));
+  }
+  sync_to_device(cache);
   Twin q = twin_random(rng, DType::F32, {tokens, heads, kv_dim + (q_pad >= 0 ? q_pad : pad)}).slice(2, 0, kv_dim);
-  Twin out = twin_output(DType::F32, {tokens, heads, r + pad}).slice(2, 0, r);
+  Twin out = twin_output(DType::F32, {tokens, heads, r + (q_pad >= 0 ? q_pad : pad)}).slice(2, 0, r);
 
   cpu_backend().mla_attention_absorbed(q.cpu, cache.cpu, b->cpu, d, out.cpu);
 
@@ -140,7 +150,8 @@ TEST(GpuParityMlaTc, EveryMmaSyncGeometry) {
   tc_case(rng, 16, rows(48), 16, true, -1, mma);
 }
 
-// q rows that are not 16-byte aligned (row pad 3 floats) take the scalar q staging loop; same values.
+// q and out rows that are not 16- / 8-byte aligned (row pad 3 floats) take the scalar q staging loop and
+// output stores; same values.
 TEST(GpuParityMlaTc, UnalignedQRows) {
   if (!tc_available()) GTEST_SKIP() << "no tensor-core MLA decode on this device";
   std::mt19937 rng(405);
@@ -168,7 +179,7 @@ void wgmma_cases(std::mt19937& rng, gpu::MlaDecodeKernel wg) {
     tc_case(rng, heads, seven, 16, true, -1, wg);
     tc_case(rng, heads, {{3, 130}}, 16, true, -1, wg);
     tc_case(rng, heads, {{3, 130}, {1, 4097}, {2, 65}, {0, 9}, {1, 1}}, 64, true, -1, wg);
-    // Unaligned q rows: the scalar q staging loop.
+    // Unaligned q and out rows: the scalar q staging loop and output stores.
     tc_case(rng, heads, {{1, 1100}, {3, 65}}, 64, true, 3, wg);
   }
   // Batch 64 x 128 heads: one split, direct writes (the benchmark's shape, shorter contexts).

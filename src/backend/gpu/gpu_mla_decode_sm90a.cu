@@ -1,11 +1,13 @@
 // Hopper wgmma absorbed-MLA decode (sm_90a only; built into its own target, see CMakeLists.txt): one
-// CTA per (query token, 64-head tile, KV split), two warpgroups, Q and double-buffered 64-key cache
-// tiles in 128B-swizzled shared memory read directly by wgmma. Trade-off: 64 heads per CTA (vs 16-32
-// for the mma.sync kernel) cut shared-memory traffic per FLOP, but need 225 KB of shared memory, so
-// one CTA per SM and only one tile loads while the other computes (an L2 prefetch runs further ahead).
-// (A ping-pong variant, the two warpgroups owning alternate tiles with the whole S and softmax of
-// their tile, passed parity on the H200 but measured 260.5 TFLOP/s against this kernel's 270.4 at
-// batch 64 x ctx 4096 x 128 heads, 2026-11-30; not kept.)
+// CTA per (query token, 64-head tile, KV split), warp-specialized. Warpgroup 0 computes S = Q K^T over
+// a whole 64-key tile (wgmma N = 64) and its online softmax; warpgroups 0 and 1 each accumulate half
+// of O's 512 columns from the P it posts, and warpgroup 1 copies cache tiles into two swizzled
+// buffers (cp.async completing on mbarriers). Q (73.7 KB), two cache tiles (147 KB) and P fill the SM's 227
+// KB of shared memory: one CTA per SM.
+// History: session 5's kernel split S by keys across both warpgroups (wgmma N = 32: its Q + K operand
+// reads exceed the shared-memory bandwidth), synchronised the CTA three times per tile and issued the
+// loads from the math threads; it held 268-270 TFLOP/s at batch 64 x ctx 4096 x 128 heads. (A
+// ping-pong variant, the warpgroups owning alternate tiles, measured 260.5 there; not kept.)
 #include "backend/gpu/gpu_mla_decode_sm90a.h"
 
 #include <cstdint>
@@ -19,29 +21,41 @@ namespace mla::gpu {
 #if MLA_GPU_CUDA
 namespace {
 
-// ---- work split between the two warpgroups (wg = warp / 4) ---------------------------------------
-// Per 64-key tile:  S[64 heads x 64 keys] = Q[64 x 576] K^T,  O[64 x 512] = alpha O + P[64 x 64] V[64 x 512].
-//  - S: warpgroup wg computes keys [32 wg, 32 wg + 32) for all 64 heads: 36 x wgmma m64n32k16 (A = Q,
-//    B = K rows, both K-major). Splitting keys (not the 576 dims) needs no S reduction, only the row
-//    maxima: each warpgroup posts its 64 row maxima to shared memory and both derive the same
-//    running max, hence the same alpha, so each keeps a partial row sum l over its own keys.
-//  - P (bf16) goes to shared memory (each warpgroup writes its 32 key columns), then warpgroup wg
-//    computes O columns [256 wg, 256 wg + 256) over all 64 keys: 4 x wgmma m64n256k16 (A = P K-major,
-//    B = V N-major, the "transpose B" flag). O is 64 x 256 fp32 = 128 registers per thread, S 16.
-// FLOPs per warpgroup and tile: S 2*64*32*576 = 2.36 M, PV 2*64*256*64 = 2.10 M: balanced.
+// ---- roles and schedule -----------------------------------------------------------------------------
+// Per 64-key tile j (in buffer j % 2):  S_j[64 heads x 64 keys] = Q[64 x 576] K_j^T,
+//                                       O[64 x 512] = alpha_j O + P_j[64 x 64] V_j[64 x 512].
+//  - Warpgroup 0, the "S warpgroup", owns S, the running row max m and row sums l, and O columns
+//    [0, 256) ("O_L"); warpgroup 1 owns O columns [256, 512) ("O_R"). Both read P_j (bf16) and alpha_j
+//    from shared memory once named barrier P (the j-th time) has passed.
+//  - S warpgroup, iteration j: issue O_L += P_j V_j (4 x m64n256k16), then S_{j+1} (36 x m64n64k16)
+//    once tile j+1 has landed; wait for PV_j alone and release buffer j; wait for S_{j+1}; wait until
+//    warpgroup 1 released buffer j too (it has read P_j and alpha_j); softmax of S_{j+1} writes P_{j+1}
+//    and alpha_{j+1}; rescale O_L; barrier P. PV_j goes first because tile j+2 can only load once both
+//    halves of PV_j have read buffer j: so it loads while S_{j+1}, the softmax and PV_{j+1} run.
+//  - Warpgroup 1, iteration j: barrier P, rescale O_R by alpha_j, O_R += P_j V_j, wait, release buffer
+//    j; then, once the S warpgroup released it too, copy tile j+2 into it (cp.async, each thread's
+//    copies completing on full[j % 2]). Rows at or past the row's causal limit are zero-filled (P is 0
+//    there, but 0 x garbage can be NaN in P V). Warpgroup 1 idles during S and softmax, so it is the
+//    copy issuer; a separate producer warp would cap the CTA at 168 registers a thread (9 warps over 4
+//    schedulers), too few for O_L + S without spilling.
+// FLOPs per tile: S 2*64*64*576 = 4.72 M, PV 2*64*512*64 = 4.19 M = 2176 tensor cycles at the dense
+// peak. Shared-memory bytes per tile: S reads Q + K = 147 KB (m64n64k16 reads 4 KB per 32 cycles, the
+// 128 B/cycle limit; the N = 32 split read 221 KB), PV reads P twice + V = 80 KB, the copy writes 74
+// KB: ~2350 cycles at 128 B/cycle, so the kernel is tensor- and shared-memory-bound together.
 // Napkin (batch 64 x 128 heads x ctx 4096): 73 GFLOP; 302 MB of cache read once from HBM (the two
 // head tiles of a token run side by side: grid x is fastest, they share each tile through L2)
-// = 71 us at 4.2 TB/s vs 92 us at the 790 TFLOP/s GEMM rate: tensor-bound if loads overlap.
-// Barriers per tile: (A) tile landed, (B) row maxima posted, (C) P complete.
+// = 71 us at 4.2 TB/s vs 92 us at the 790 TFLOP/s GEMM rate.
 constexpr int kRank = 512, kRope = 64, kKvDim = kRank + kRope;
 constexpr int kHeads = kMlaSm90aHeadTile;     // 64 = wgmma M
-constexpr int kKeys = kMlaDecodeKeyTile;      // 64 cache positions per tile
+constexpr int kKeys = kMlaDecodeKeyTile;      // 64 cache positions per tile = wgmma N of S
 constexpr int kThreads = 256;                 // 2 warpgroups of 4 warps (CUDA-only: 32 lanes)
-constexpr int kKeysPerWg = kKeys / 2;         // 32: S columns per warpgroup
+constexpr int kMathThreads = kThreads;        // every thread computes; warpgroup 1 also loads
 constexpr int kColsPerWg = kRank / 2;         // 256: O columns per warpgroup
 constexpr int kChunks = kKvDim * 2 / 16;      // 72 16-byte chunks per 576-wide bf16 row
 constexpr int kKSteps = kKvDim / 16;          // 36 k16 steps of S
-constexpr int kPrefetchAhead = 2;             // L2 prefetch distance in tiles
+constexpr int kPrefetchAhead = 2;             // L2 prefetch distance in tiles (a buffer's next tile)
+// Named barriers over all 256 threads (0 is __syncthreads, used once after the mbarrier init).
+constexpr uint32_t kBarQ = 1, kBarP = 2, kBarL = 3;
 
 // ---- shared-memory layout (the proof the descriptors below rely on) --------------------------------
 // Every operand is stored as "column blocks" of 64 bf16 (128 B) x 64 rows, 8 KB each, in the 128-byte
@@ -50,9 +64,10 @@ constexpr int kPrefetchAhead = 2;             // L2 prefetch distance in tiles
 // i.e. the 16-byte chunk index is XORed with row % 8. With every block 1024-byte aligned, the
 // swizzle XORs address bits [4,7) with bits [7,10), exactly the hardware's 128B swizzle, so any
 // descriptor start address inside a block addresses the logical (row, col) it names.
-//   Q   [64 heads][576]: 9 blocks (dims 64c..64c+63 in block c)               73,728 B
-//   KV  2 x [64 keys][576], same shape (rows = cache positions of the tile)   147,456 B
-//   P   [64 heads][64 keys]: 1 block                                          8,192 B
+//   Q     [64 heads][576]: 9 blocks (dims 64c..64c+63 in block c)             73,728 B
+//   KV    2 x [64 keys][576], same shape (rows = cache positions of the tile) 147,456 B
+//   P     [64 heads][64 keys]: 1 block                                        8,192 B
+//   alpha [64] and l [64] floats, mbarriers full[2] and empty[2]              544 B
 // K-major operands (Q, K rows for S; P for PV): rows = M or N, contiguous = K. A k16 step ks of a
 // 576-wide operand starts at block ks / 4, byte (ks % 4) * 32 inside each 128-byte row; its 8-row
 // core-matrix groups are 1024 B apart (SBO = 1024); LBO is unused for swizzled K-major layouts (the
@@ -70,16 +85,19 @@ constexpr int kPrefetchAhead = 2;             // L2 prefetch distance in tiles
 // permuted -> the accumulator fragment mapping (r0/r1 and the 2 t4 column of d[4j + e]).
 constexpr int kBlockBytes = 64 * 128;
 constexpr int kTileBytes = (kKvDim / 64) * kBlockBytes;  // 73,728
-constexpr int kQOff = 0, kKvOff = kTileBytes, kPOff = kKvOff + 2 * kTileBytes, kRedOff = kPOff + kBlockBytes;
-constexpr int kRedBytes = 4 * kHeads * 4;                  // row maxima [2][64] + row sums [2][64]
-constexpr int kSmemBytes = kRedOff + kRedBytes + 1024;     // + 1024: the base is aligned by hand
+constexpr int kQOff = 0, kKvOff = kTileBytes, kPOff = kKvOff + 2 * kTileBytes;
+constexpr int kAlphaOff = kPOff + kBlockBytes;  // alpha_j per row (S warpgroup -> warpgroup 1)
+constexpr int kLOff = kAlphaOff + kHeads * 4;   // final row sums (S warpgroup -> warpgroup 1)
+constexpr int kBarOff = kLOff + kHeads * 4;     // full[2] (128 copy arrivals), empty[2] (8 warp arrivals)
+constexpr int kSmemBytes = kBarOff + 32 + 1024;  // + 1024: the base is aligned by hand
 static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 static_assert(kKvDim % 64 == 0 && kKeys == 64 && kHeads == 64 && kRank % 64 == 0);
+static_assert(kChunks > 64 && kChunks <= 96, "a row is three 16-byte copies per lane, the third partial");
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -__builtin_huge_valf();
 
-using namespace mma;  // smem_addr, cp_async16, pdl_trigger, prefetch_l2_bytes
+using namespace mma;  // smem_addr, cp_async16, mbarriers, named barriers, wgmma ordering (gpu_mma.cuh)
 
 // Byte offset of 16-byte chunk `chunk` (0..71) of row `row` in a [64][576] operand (see above).
 __device__ __forceinline__ uint32_t sw128(int row, int chunk) {
@@ -93,23 +111,30 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint
   return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
          (uint64_t(1) << 62);
 }
+// Start-address advance by `bytes` (a multiple of 16): the field is the low 14 bits and shared
+// addresses stay below 2^18 B, so the addition never carries out of it.
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + uint64_t(bytes >> 4); }
 
 // ---- wgmma PTX wrappers (local to this file) ---------------------------------------------------------
 // Accumulator fragment of m64nNk16 f32 (per warpgroup; w = warp % 4, g = lane / 4, t = lane % 4):
 // d[4j + 0], d[4j + 1] = D[16w + g][8j + 2t + {0, 1}], d[4j + 2], d[4j + 3] = D[16w + g + 8][8j + 2t +
 // {0, 1}] for j < N / 8 (the mma.sync m16n8 C layout, repeated along N).
 // scale_d = 0: D = A B (the old D is ignored); 1: D += A B.
-template <int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+// S (B = K rows, K-major): D[64 x 64] (+)= A[64 x 16] B[16 x 64], both from shared memory.
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7,"
-      "%8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, %19;\n}\n"
+      "%8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23,"
+      "%24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 template <int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -173,89 +198,177 @@ __device__ __forceinline__ int2 token_seq_limit(const MlaDecodeTcArgs& a, int to
   return make_int2(seq, kv_len - q_len + (token - q0) + 1);
 }
 
-// Q: 64 heads x 576 fp32 -> bf16 (round to nearest even, as the mma.sync kernel), swizzled, by all
-// 256 threads (18 16-byte chunks each); fenced for wgmma, the caller's barrier publishes it.
+// Q: 64 heads x 576 fp32 -> bf16 (round to nearest even, as the mma.sync kernel), swizzled, by the
+// 256 threads (18 16-byte chunks each, loaded 6 at a time: one wave of CTAs waits for this, so its
+// latency is the kernel's); fenced for wgmma, the caller's barrier publishes it.
 __device__ __forceinline__ void stage_q(const MlaDecodeTcArgs& a, int token, int head0, int q_vec, unsigned char* smem,
                                         int tid) {
+  constexpr int kItems = kHeads * kChunks / kMathThreads, kBatch = 6;  // 18 chunks a thread, 6 loads in flight
+  static_assert(kHeads * kChunks % kMathThreads == 0 && kItems % kBatch == 0);
   const float* qt = a.q + int64_t(token) * a.q_row_stride + int64_t(head0) * a.q_head_stride;
-  for (int i = tid; i < kHeads * kChunks; i += kThreads) {
-    const int h = i / kChunks, c = i % kChunks;
-    const float* src = qt + int64_t(h) * a.q_head_stride + c * 8;
-    float v[8];
-    if (q_vec) {
-      const float4 x = *reinterpret_cast<const float4*>(src), y = *reinterpret_cast<const float4*>(src + 4);
-      v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w; v[4] = y.x; v[5] = y.y; v[6] = y.z; v[7] = y.w;
-    } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = src[e];
+  for (int b = 0; b < kItems; b += kBatch) {
+    float v[kBatch][8];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = tid + (b + k) * kMathThreads, h = i / kChunks, c = i % kChunks;
+      const float* src = qt + int64_t(h) * a.q_head_stride + c * 8;
+      if (q_vec) {
+        const float4 x = *reinterpret_cast<const float4*>(src), y = *reinterpret_cast<const float4*>(src + 4);
+        v[k][0] = x.x; v[k][1] = x.y; v[k][2] = x.z; v[k][3] = x.w;
+        v[k][4] = y.x; v[k][5] = y.y; v[k][6] = y.z; v[k][7] = y.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[k][e] = src[e];
+      }
     }
-    uint4 pk;
-    pk.x = uint32_t(f32_to_bf16_bits(v[0])) | (uint32_t(f32_to_bf16_bits(v[1])) << 16);
-    pk.y = uint32_t(f32_to_bf16_bits(v[2])) | (uint32_t(f32_to_bf16_bits(v[3])) << 16);
-    pk.z = uint32_t(f32_to_bf16_bits(v[4])) | (uint32_t(f32_to_bf16_bits(v[5])) << 16);
-    pk.w = uint32_t(f32_to_bf16_bits(v[6])) | (uint32_t(f32_to_bf16_bits(v[7])) << 16);
-    *reinterpret_cast<uint4*>(smem + kQOff + sw128(h, c)) = pk;
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = tid + (b + k) * kMathThreads, h = i / kChunks, c = i % kChunks;
+      const uint4 pk = make_uint4(pack_bf16(v[k][0], v[k][1]), pack_bf16(v[k][2], v[k][3]), pack_bf16(v[k][4], v[k][5]),
+                                  pack_bf16(v[k][6], v[k][7]));
+      *reinterpret_cast<uint4*>(smem + kQOff + sw128(h, c)) = pk;
+    }
   }
   fence_proxy_async();
 }
 
-// Epilogue of both kernels: row sums over the quad lanes and the two warpgroups (red_l [2][64] must
-// not be in use), then O / l to `out` (direct) or the (O, m, l) partial to the workspace. Contains a
-// __syncthreads: call from all 256 threads.
-__device__ __forceinline__ void finish_rows(const MlaDecodeTcArgs& a, const float (&o)[kColsPerWg / 2],
-                                            float (&l_part)[2], const float (&m_run)[2], float* red_l, bool direct,
-                                            float* ws_o, float* ws_ml, size_t part_row, int token, int head0) {
-  const int tid = int(threadIdx.x), wg = tid / 128, lane = tid % 32, t4 = lane % 4;
-  const int r0 = ((tid / 32) % 4) * 16 + lane / 4, r1 = r0 + 8;
+// Softmax of the S warpgroup's tile (base 2). s[4j + e] is (row r0, key key0 + 8j + e), s[4j + 2 + e]
+// row r1 (key0 = tile * 64 + 2 t4); the 4 lanes of a quad hold a row's 64 keys. m_ref is each row's
+// reference max (log2 units of the scaled score): P = 2^(score - m_ref). It moves only when a tile's
+// max exceeds it by more than kRebaseSlack, so P <= 2^8 (bf16 and the fp32 sums hold that; rounding
+// is relative, so precision is unchanged) and O is rescaled about once per row instead of whenever
+// the running max creeps up (128 FMULs a thread each time). The partials carry m_ref with l, which
+// is all the combine needs. Updates m_ref and l_part (this lane's 16 keys of each tile; the quad's
+// lanes are summed once at the end), returns alpha per row (1 unless re-based) and P packed as bf16
+// pairs: p[2j + i] = row (r0, r1)[i], keys key0 + 8j + {0, 1}. Per score one FFMA, one ex2 (the SFU:
+// 16 per cycle and SM, 256 cycles a tile, this step's floor) and half a cvt; the mask runs only on a
+// tile that crosses the limit (a warp-uniform branch).
+constexpr float kRebaseSlack = 8.0f;
+__device__ __forceinline__ void softmax_tile(float (&s)[32], int key0, int limit, float scale_log2, float (&m_ref)[2],
+                                             float (&l_part)[2], float (&alpha)[2], uint32_t (&p)[16], int t4) {
+  if (__any_sync(0xffffffffu, key0 - 2 * t4 + kKeys > limit)) {
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool vis = key0 + 8 * j + e < limit;  // a select, not a multiply: garbage S is discarded
+        s[4 * j + e] = vis ? s[4 * j + e] : kNegInf;
+        s[4 * j + 2 + e] = vis ? s[4 * j + 2 + e] : kNegInf;
+      }
+  }
+  float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int j = 0; j < kKeys / 8; ++j) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[4 * j], s[4 * j + 1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+#pragma unroll
+  for (int x = 1; x <= 2; x *= 2) {
+    mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], x));
+    mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], x));
+  }
+  float m_use[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 1);
-    l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 2);
+    const float m_tile = mx[i] * scale_log2;                // scale > 0: the max commutes with it
+    const bool rebase = m_tile > m_ref[i] + kRebaseSlack;  // always on a row's first tile (m_ref = -inf)
+    alpha[i] = rebase ? ex2(m_ref[i] - m_tile) : 1.0f;     // 0 on the first tile
+    m_ref[i] = rebase ? m_tile : m_ref[i];
+    m_use[i] = m_ref[i] == kNegInf ? 0.0f : m_ref[i];      // a tile always has a visible key; guard anyway
+  }
+  float psum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      p[2 * j + i] = pack_bf16(ex2(fmaf(s[4 * j + 2 * i], scale_log2, -m_use[i])),
+                               ex2(fmaf(s[4 * j + 2 * i + 1], scale_log2, -m_use[i])));
+      // The denominator sums the bf16-rounded weights the P V product uses (as the mma.sync kernel).
+      psum[i] += bf16_lo(p[2 * j + i]) + bf16_hi(p[2 * j + i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) l_part[i] = l_part[i] * alpha[i] + psum[i];
+}
+
+// P (K-major A of PV) and alpha to shared memory: one 4-byte store per (row, j); the 8 rows g of a
+// warp hit 8 distinct chunks (XOR with g). The caller has made sure nobody reads either.
+__device__ __forceinline__ void store_p(const uint32_t (&p)[16], const float (&alpha)[2], unsigned char* smem, int r0,
+                                        int r1, int t4) {
+#pragma unroll
+  for (int j = 0; j < kKeys / 8; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int r = i == 0 ? r0 : r1;
+      *reinterpret_cast<uint32_t*>(smem + kPOff + r * 128 + ((j ^ (r & 7)) << 4) + t4 * 4) = p[2 * j + i];
+    }
   }
   if (t4 == 0) {
-    red_l[wg * kHeads + r0] = l_part[0];
-    red_l[wg * kHeads + r1] = l_part[1];
+    float* alpha_sm = reinterpret_cast<float*>(smem + kAlphaOff);
+    alpha_sm[r0] = alpha[0];
+    alpha_sm[r1] = alpha[1];
   }
-  __syncthreads();
-  const float l_tot[2] = {red_l[r0] + red_l[kHeads + r0], red_l[r1] + red_l[kHeads + r1]};
-  const int col0 = wg * kColsPerWg + 2 * t4;
+}
+
+// O *= alpha per row (128 FMULs a thread) only where a row re-based (softmax_tile): otherwise alpha is
+// exactly 1 for the whole warp (a warp-uniform branch).
+__device__ __forceinline__ void rescale(float (&o)[kColsPerWg / 2], const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = i == 0 ? r0 : r1;
-    if (direct) {
-      const float inv = l_tot[i] > 0.0f ? 1.0f / l_tot[i] : 0.0f;
-      float* orow = a.out + int64_t(token) * a.out_row_stride + int64_t(head0 + r) * a.out_head_stride;
-#pragma unroll
-      for (int j = 0; j < kColsPerWg / 8; ++j) {
-        orow[col0 + 8 * j] = o[4 * j + 2 * i] * inv;
-        orow[col0 + 8 * j + 1] = o[4 * j + 2 * i + 1] * inv;
-      }
-    } else {
-      float* po = ws_o + (part_row + size_t(r)) * kRank;
-#pragma unroll
-      for (int j = 0; j < kColsPerWg / 8; ++j)
-        *reinterpret_cast<float2*>(po + col0 + 8 * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
-      if (wg == 0 && t4 == 0) {
-        ws_ml[(part_row + size_t(r)) * 2 + 0] = m_run[i];
-        ws_ml[(part_row + size_t(r)) * 2 + 1] = l_tot[i];
-      }
+    for (int j = 0; j < kColsPerWg / 8; ++j) {
+      o[4 * j + 0] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
     }
   }
 }
 
+// S[64 x 64] = Q K^T over the tile at shared address kt: K-major A = Q, K-major B = the tile's rows.
+// Step ks: column block ks / 4, byte (ks % 4) * 32 within the rows. One commit group.
+// The two base descriptors are rebuilt from opaque addresses per call: otherwise the compiler keeps
+// all 36 Q descriptors (72 registers) live across the tile loop and spills.
+__device__ __forceinline__ void issue_s(float (&s)[32], uint32_t q_s, uint32_t kt) {
+  asm volatile("" : "+r"(q_s), "+r"(kt));
+  const uint64_t dq = make_desc(q_s, 16, 1024), dk = make_desc(kt, 16, 1024);
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    const uint32_t koff = uint32_t((ks / 4) * kBlockBytes + (ks % 4) * 32);
+    wgmma_m64n64k16(s, desc_add(dq, koff), desc_add(dk, koff), ks > 0);
+  }
+  wgmma_commit();
+}
+
+// O[64 x 256 wg..] += P[64 x 64] V: A = P (K-major, step ks at byte 32 ks), B = V N-major from column
+// block 4 wg on (LBO 8192 to the next 64 columns), keys 16 ks.. at byte 2048 ks. One commit group.
+__device__ __forceinline__ void issue_pv(float (&o)[kColsPerWg / 2], uint32_t p_s, uint32_t kt, int wg) {
+  asm volatile("" : "+r"(p_s), "+r"(kt));
+  const uint64_t dp = make_desc(p_s, 16, 1024);
+  const uint64_t dv = make_desc(kt + uint32_t(wg * 4 * kBlockBytes), kBlockBytes, 1024);
+#pragma unroll
+  for (int ks = 0; ks < kKeys / 16; ++ks) wgmma_m64n256k16<1>(o, desc_add(dp, ks * 32), desc_add(dv, ks * 16 * 128), 1);
+  wgmma_commit();
+}
+
 // Grid: x = 64-head tile (fastest: a token's head tiles share cache tiles through L2), y = KV split
 // (the grid's maximum; a token uses as many as its context fills, like the mma.sync kernel), z =
-// query token. 256 threads, one CTA per SM (225 KB of shared memory).
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecodeTcArgs a, int num_splits, int q_vec) {
+// query token. 256 threads, one CTA per SM.
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecodeTcArgs a, int num_splits, int q_vec,
+                                                                       int out_vec) {
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;  // the swizzle atoms need 1024-byte alignment
   unsigned char* smem = smem_raw + (base - raw);
   const uint32_t q_s = base + kQOff, kv_s = base + kKvOff, p_s = base + kPOff;
-  float* red_max = reinterpret_cast<float*>(smem + kRedOff);  // [2 wg][64 rows]
-  float* red_l = red_max + 2 * kHeads;                        // [2 wg][64 rows]
+  const uint32_t full_s = base + kBarOff, empty_s = full_s + 16;  // + 8 * buffer
+  const float* alpha_sm = reinterpret_cast<const float*>(smem + kAlphaOff);
+  float* l_sm = reinterpret_cast<float*>(smem + kLOff);
 
-  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
+  const int tid = int(threadIdx.x), lane = tid % 32;
+  // Warp-uniform as far as the compiler can see (a shuffle of lane 0's value): the role branches
+  // below then do not make ptxas serialize the wgmma inside them (C7518).
+  const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);
   const int wg = warp / 4, g = lane / 4, t4 = lane % 4;
   const int r0 = (warp % 4) * 16 + g, r1 = r0 + 8;  // this thread's two accumulator rows (heads)
   const int head0 = int(blockIdx.x) * kHeads, split = int(blockIdx.y), token = int(blockIdx.z);
@@ -272,12 +385,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
   const bool direct = used == 1;
   const int tiles_per_split = (tiles_total + used - 1) / used;
   const int tile_begin = split * tiles_per_split;
-  const int tile_end = min(tile_begin + tiles_per_split, tiles_total);
+  const int num_tiles = min(tiles_per_split, tiles_total - tile_begin);
 
   const size_t part_row = (size_t(split) * size_t(a.num_tokens) + size_t(token)) * size_t(a.num_heads) + size_t(head0);
   float* ws_o = static_cast<float*>(a.workspace);                                               // [splits, T, H, r]
   float* ws_ml = ws_o + size_t(num_splits) * size_t(a.num_tokens) * size_t(a.num_heads) * kRank;  // [splits, T, H, 2]
-  if (tile_begin >= tile_end) {  // empty split: contributes nothing
+  if (num_tiles <= 0) {  // empty split: contributes nothing
     if (direct) {  // only for an invalid batch (kv_len < q_len): no keys, write zeros
       for (int i = tid; i < kHeads * kRank; i += kThreads)
         a.out[int64_t(token) * a.out_row_stride + int64_t(head0 + i / kRank) * a.out_head_stride + i % kRank] = 0.0f;
@@ -288,157 +401,171 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
     return;
   }
 
-  // Cache tile loader: warp w copies rows [8w, 8w + 8); lane i < 8 resolves row 8w + i through the
-  // block table, then the warp copies each 1152-byte row as 16-byte chunks lane, lane + 32, lane + 64
-  // (coalesced 512-byte runs) into the swizzled layout. Rows at or past `limit` are zero-filled (P is 0
-  // there, but 0 * garbage could be NaN in P V). The same lanes ask L2 for their rows of tile +
-  // kPrefetchAhead, so the next cp.async mostly hits L2.
+  if (tid == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(full_s + 8 * b, kMathThreads / 2);    // one cp.async arrival per warpgroup-1 thread
+      mbar_init(empty_s + 8 * b, kMathThreads / 32);  // one arrival per warp
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialised
+
+  // Cache tile loader (warpgroup 1): warp w copies rows [16 w, 16 w + 16). resolve_rows: lane i
+  // resolves row 16 w + i % 16 through the block table (-1 at or past the limit; branch-free, so that
+  // it can run while a wgmma is in flight) and asks L2 for its row of the tile this buffer holds next.
+  // copy_tile: the warp copies each 1152-byte row as 16-byte chunks lane, lane + 32, lane + 64
+  // (coalesced) into the swizzled layout; each thread's arrival on full[buffer] fires once its
+  // copies landed.
   const int block_base = a.block_indptr[seq];
   const char* cache_bytes = reinterpret_cast<const char*>(a.cache);
   auto slot_of = [&](int pos) {
-    return a.block_ids[block_base + pos / a.block_size] * a.block_size + pos % a.block_size;
+    const bool ok = pos < limit;
+    const int p = ok ? pos : 0;  // block_ids[block_base] exists: limit > 0 here
+    const int id = a.block_ids[block_base + p / a.block_size];
+    return ok ? id * a.block_size + p % a.block_size : -1;
   };
-  auto load_tile = [&](int buf, int tile) {
-    int my_slot = -1, pf_slot = -1;
-    if (lane < 8) {
-      const int pos = tile * kKeys + warp * 8 + lane;
-      const int pf_pos = (tile + kPrefetchAhead) * kKeys + warp * 8 + lane;
-      if (pos < limit) my_slot = slot_of(pos);
-      if (tile + kPrefetchAhead < tile_end && pf_pos < limit) pf_slot = slot_of(pf_pos);
-    }
-    if (pf_slot >= 0) prefetch_l2_bytes(cache_bytes + int64_t(pf_slot) * (kKvDim * 2), kKvDim * 2);
-    const uint32_t dst = kv_s + uint32_t(buf * kTileBytes);
-#pragma unroll
-    for (int rr = 0; rr < 8; ++rr) {
+  const int row_lane = (warp % 4) * 16 + lane % 16;
+  auto resolve_rows = [&](int j) {
+    const int pf = slot_of((tile_begin + j + kPrefetchAhead) * kKeys + row_lane);
+    if (pf >= 0 && lane < 16) prefetch_l2_bytes(cache_bytes + int64_t(pf) * (kKvDim * 2), kKvDim * 2);
+    return slot_of((tile_begin + j) * kKeys + row_lane);
+  };
+  auto copy_tile = [&](int j, int my_slot) {
+    const uint32_t dst = kv_s + uint32_t((j & 1) * kTileBytes);
+#pragma unroll 4
+    for (int rr = 0; rr < 16; ++rr) {
       const int slot = __shfl_sync(0xffffffffu, my_slot, rr);
-      const int row = warp * 8 + rr;
+      const int row = (warp % 4) * 16 + rr;
       const char* src = cache_bytes + (slot >= 0 ? int64_t(slot) * (kKvDim * 2) : 0);
       const int bytes = slot >= 0 ? 16 : 0;
-#pragma unroll
-      for (int k = 0; k < 3; ++k) {
-        const int c = lane + 32 * k;
-        if (c < kChunks) cp_async16(dst + sw128(row, c), src + c * 16, bytes);
-      }
+      cp_async16(dst + sw128(row, lane), src + lane * 16, bytes);
+      cp_async16(dst + sw128(row, lane + 32), src + (lane + 32) * 16, bytes);
+      if (lane + 64 < kChunks) cp_async16(dst + sw128(row, lane + 64), src + (lane + 64) * 16, bytes);
     }
-    cp_async_commit();
+    cp_async_mbar_arrive(full_s + 8 * uint32_t(j & 1));
   };
-  load_tile(0, tile_begin);
+  if (wg == 1) {
+    copy_tile(0, resolve_rows(0));
+    if (num_tiles > 1) copy_tile(1, resolve_rows(1));
+  }
 
-  // Q to shared memory; published to wgmma by stage_q's fence and barrier (A) below.
+  // Math warpgroups. Q to shared memory, published to wgmma by stage_q's fence and barrier Q.
   stage_q(a, token, head0, q_vec, smem, tid);
+  named_barrier_sync<kMathThreads>(kBarQ);
 
   float o[kColsPerWg / 2];  // O[64 x 256 wg..] fragment (layout above)
 #pragma unroll
   for (int i = 0; i < kColsPerWg / 2; ++i) o[i] = 0.0f;
-  float m_run[2] = {kNegInf, kNegInf};  // running max of rows r0, r1 (log2 units), same in both warpgroups
-  float l_part[2] = {0.0f, 0.0f};       // this thread's share of the row sums (its own key columns)
-  const float scale_log2 = a.softmax_scale * kLog2e;
+  // Tile j's buffer has landed once phase (j / 2) of full[j % 2] completed; the proxy fence then
+  // orders its cp.async bytes (generic proxy) before this thread's wgmma reads them (async proxy).
+  auto wait_tile = [&](int j) {
+    mbar_wait(full_s + 8 * uint32_t(j & 1), uint32_t(j >> 1) & 1u);
+    fence_proxy_async();
+  };
+  auto buf_addr = [&](int j) { return kv_s + uint32_t((j & 1) * kTileBytes); };
 
-  for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int buf = (tile - tile_begin) & 1;
-    cp_async_wait_all();
-    fence_proxy_async();  // this thread's cp.async bytes -> async proxy, published by (A)
-    __syncthreads();      // (A) tile `buf` complete; every warpgroup is done with buf ^ 1, P and red_max
-    if (tile + 1 < tile_end) load_tile(buf ^ 1, tile + 1);
-    const uint32_t kt = kv_s + uint32_t(buf * kTileBytes);
-
-    // S[64 x 32] over keys [32 wg, +32): K-major A = Q, K-major B = the tile's rows 32 wg.. (1024-
-    // aligned: 32 rows = 4 KB). Step ks: column block ks / 4, byte (ks % 4) * 32 within the rows.
-    float s[kKeysPerWg / 2];
-#pragma unroll
-    for (int i = 0; i < kKeysPerWg / 2; ++i) s[i] = 0.0f;
+  float m_run[2] = {kNegInf, kNegInf};  // S warpgroup: reference max of rows r0, r1 (see softmax_tile)
+  float l_part[2] = {0.0f, 0.0f};       // S warpgroup: this lane's share of the row sums
+  if (wg == 0) {
+    const float scale_log2 = a.softmax_scale * kLog2e;
+    const int key_lane = tile_begin * kKeys + 2 * t4;
+    float s[32];
+    float alpha[2];
+    uint32_t p[16];
+    wait_tile(0);
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      const uint32_t koff = uint32_t((ks / 4) * kBlockBytes + (ks % 4) * 32);
-      const uint64_t da = make_desc(q_s + koff, 16, 1024);
-      const uint64_t db = make_desc(kt + uint32_t(wg * kKeysPerWg * 128) + koff, 16, 1024);
-      wgmma_m64n32k16<0>(s, da, db, 1);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
+    issue_s(s, q_s, buf_addr(0));
+    wgmma_wait<0>();
     fence_regs(s);
-
-    // Online softmax, base 2. s[4j + e] is (row r0, key 32 wg + 8j + 2 t4 + e), s[4j + 2 + e] row r1.
-    const int key0 = tile * kKeys + wg * kKeysPerWg + 2 * t4;
-    float mx[2] = {kNegInf, kNegInf};
-#pragma unroll
-    for (int j = 0; j < kKeysPerWg / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const bool vis = key0 + 8 * j + e < limit;
-        s[4 * j + e] = vis ? s[4 * j + e] * scale_log2 : kNegInf;
-        s[4 * j + 2 + e] = vis ? s[4 * j + 2 + e] * scale_log2 : kNegInf;
-        mx[0] = fmaxf(mx[0], s[4 * j + e]);
-        mx[1] = fmaxf(mx[1], s[4 * j + 2 + e]);
-      }
-#pragma unroll
-    for (int x = 1; x <= 2; x *= 2) {  // the 4 lanes of a quad hold one row's 32 keys
-      mx[0] = fmaxf(mx[0], __shfl_xor_sync(0xffffffffu, mx[0], x));
-      mx[1] = fmaxf(mx[1], __shfl_xor_sync(0xffffffffu, mx[1], x));
+    softmax_tile(s, key_lane, limit, scale_log2, m_run, l_part, alpha, p, t4);
+    store_p(p, alpha, smem, r0, r1, t4);  // alpha_0 = 0 scales warpgroup 1's zero O_R: harmless
+    fence_proxy_async();
+    named_barrier_sync<kMathThreads>(kBarP);
+    for (int j = 0; j + 1 < num_tiles; ++j) {
+      wgmma_fence();
+      issue_pv(o, p_s, buf_addr(j), 0);
+      wait_tile(j + 1);
+      wgmma_fence();  // s was rewritten by the softmax since the fence above (ptxas would inject one)
+      issue_s(s, q_s, buf_addr(j + 1));
+      wgmma_wait<1>();  // O_L += P_j V_j done (groups complete in order); S_{j+1} may still run
+      fence_regs(o);
+      // This warp is done with buffer j: warpgroup 1 refills it with tile j + 2 while S_{j+1} runs.
+      mbar_arrive_if(lane == 0, empty_s + 8 * uint32_t(j & 1));
+      wgmma_wait<0>();
+      fence_regs(s);
+      softmax_tile(s, key_lane + (j + 1) * kKeys, limit, scale_log2, m_run, l_part, alpha, p, t4);
+      rescale(o, alpha);
+      mbar_wait(empty_s + 8 * uint32_t(j & 1), uint32_t(j >> 1) & 1u);  // warpgroup 1 is done with P_j, alpha_j
+      store_p(p, alpha, smem, r0, r1, t4);
+      fence_proxy_async();
+      named_barrier_sync<kMathThreads>(kBarP);
     }
-    if (t4 == 0) {
-      red_max[wg * kHeads + r0] = mx[0];
-      red_max[wg * kHeads + r1] = mx[1];
-    }
-    __syncthreads();  // (B) both warpgroups' row maxima posted
-    float alpha[2], m_use[2];
+    wgmma_fence();
+    issue_pv(o, p_s, buf_addr(num_tiles - 1), 0);
+    wgmma_wait<0>();
+    fence_regs(o);
+    // Row sums: the quad's lanes, then to warpgroup 1.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int r = i == 0 ? r0 : r1;
-      const float m_new = fmaxf(m_run[i], fmaxf(red_max[r], red_max[kHeads + r]));
-      m_use[i] = m_new == kNegInf ? 0.0f : m_new;  // a tile always has a visible key; guard anyway
-      alpha[i] = exp2f(m_run[i] - m_use[i]);       // 0 on the first tile (m_run = -inf)
-      m_run[i] = m_new;
+      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 1);
+      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 2);
     }
-    // P to shared memory (K-major A of PV: row = head, col = key 32 wg + 8j + 2 t4): one 4-byte store
-    // per (row, j); the 8 rows g of a warp hit 8 distinct chunks (XOR with g): conflict-free.
-    float psum[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < kKeysPerWg / 8; ++j) {
-      const int chunk = wg * (kKeysPerWg / 8) + j;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int r = i == 0 ? r0 : r1;
-        const uint16_t p0 = f32_to_bf16_bits(exp2f(s[4 * j + 2 * i] - m_use[i]));
-        const uint16_t p1 = f32_to_bf16_bits(exp2f(s[4 * j + 2 * i + 1] - m_use[i]));
-        // The denominator sums the bf16-rounded weights the P V product uses (as the mma.sync kernel).
-        psum[i] += bf16_bits_to_f32(p0) + bf16_bits_to_f32(p1);
-        *reinterpret_cast<uint32_t*>(smem + kPOff + r * 128 + ((chunk ^ (r & 7)) << 4) + t4 * 4) =
-            uint32_t(p0) | (uint32_t(p1) << 16);
+    if (t4 == 0) {
+      l_sm[r0] = l_part[0];
+      l_sm[r1] = l_part[1];
+    }
+  } else {
+    for (int j = 0; j < num_tiles; ++j) {
+      named_barrier_sync<kMathThreads>(kBarP);  // P_j and alpha_j posted
+      wait_tile(j);                               // complete already: orders the bytes for this warpgroup
+      const float alpha[2] = {alpha_sm[r0], alpha_sm[r1]};
+      rescale(o, alpha);
+      wgmma_fence();
+      issue_pv(o, p_s, buf_addr(j), 1);
+      const int next_slot = resolve_rows(j + 2);  // block-table reads overlap the P V product
+      wgmma_wait<0>();
+      fence_regs(o);
+      mbar_arrive_if(lane == 0, empty_s + 8 * uint32_t(j & 1));
+      if (j + 2 < num_tiles) {  // buffer j's next tile, once the S warpgroup has read it too
+        mbar_wait(empty_s + 8 * uint32_t(j & 1), uint32_t(j >> 1) & 1u);
+        copy_tile(j + 2, next_slot);
       }
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) l_part[i] = l_part[i] * alpha[i] + psum[i];
-    // Rescale O (128 FMULs a thread, ~256 issue cycles per SM and tile) only where a row max moved:
-    // once the running max settles, alpha is exactly 1 for the whole warp (warp-uniform branch).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int j = 0; j < kColsPerWg / 8; ++j) {
-        o[4 * j + 0] *= alpha[0];
-        o[4 * j + 1] *= alpha[0];
-        o[4 * j + 2] *= alpha[1];
-        o[4 * j + 3] *= alpha[1];
-      }
-    }
-    fence_proxy_async();
-    __syncthreads();  // (C) P complete (both halves of the keys)
-
-    // O[64 x 256 wg..] += P[64 x 64] V: A = P (K-major, step ks at byte 32 ks), B = V N-major from
-    // column block 4 wg on (LBO 8192 to the next 64 columns), keys 16 ks.. at byte 2048 ks.
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < kKeys / 16; ++ks) {
-      const uint64_t da = make_desc(p_s + uint32_t(ks * 32), 16, 1024);
-      const uint64_t db = make_desc(kt + uint32_t(wg * 4 * kBlockBytes + ks * 16 * 128), kBlockBytes, 1024);
-      wgmma_m64n256k16<1>(o, da, db, 1);
-    }
-    wgmma_commit();
-    wgmma_wait_all();
-    fence_regs(o);
+    cp_async_wait_all();  // nothing of this thread's left in flight at exit
   }
+  named_barrier_sync<kMathThreads>(kBarL);  // row sums posted
 
-  finish_rows(a, o, l_part, m_run, red_l, direct, ws_o, ws_ml, part_row, token, head0);  // red_l unused above
+  // O / l to `out` (direct) or the (O, m, l) partial to the workspace.
+  const float l_tot[2] = {l_sm[r0], l_sm[r1]};
+  const int col0 = wg * kColsPerWg + 2 * t4;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int r = i == 0 ? r0 : r1;
+    if (direct) {
+      const float inv = l_tot[i] > 0.0f ? 1.0f / l_tot[i] : 0.0f;
+      float* orow = a.out + int64_t(token) * a.out_row_stride + int64_t(head0 + r) * a.out_head_stride;
+      if (out_vec) {  // the pair of columns a lane holds as one 8-byte store
+#pragma unroll
+        for (int j = 0; j < kColsPerWg / 8; ++j)
+          *reinterpret_cast<float2*>(orow + col0 + 8 * j) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kColsPerWg / 8; ++j) {
+          orow[col0 + 8 * j] = o[4 * j + 2 * i] * inv;
+          orow[col0 + 8 * j + 1] = o[4 * j + 2 * i + 1] * inv;
+        }
+      }
+    } else {
+      float* po = ws_o + (part_row + size_t(r)) * kRank;
+#pragma unroll
+      for (int j = 0; j < kColsPerWg / 8; ++j)
+        *reinterpret_cast<float2*>(po + col0 + 8 * j) = make_float2(o[4 * j + 2 * i], o[4 * j + 2 * i + 1]);
+      if (wg == 0 && t4 == 0) {
+        ws_ml[(part_row + size_t(r)) * 2 + 0] = m_run[i];
+        ws_ml[(part_row + size_t(r)) * 2 + 1] = l_tot[i];
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -462,7 +589,10 @@ void mla_decode_sm90a_attention(const MlaDecodeTcArgs& args, int num_splits, int
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   MLA_CHECK(err == cudaSuccess, "mla_decode_sm90a: cudaFuncSetAttribute: {}", cudaGetErrorString(err));
   const dim3 grid(unsigned(args.num_heads / kHeads), unsigned(num_splits), unsigned(args.num_tokens));
-  kernel<<<grid, kThreads, smem_bytes, stream>>>(args, num_splits, q_vec);
+  // 8-byte output stores where out's rows and heads keep float2 alignment.
+  const int out_vec = reinterpret_cast<uintptr_t>(args.out) % 8 == 0 && args.out_row_stride % 2 == 0 &&
+                      args.out_head_stride % 2 == 0;
+  kernel<<<grid, kThreads, smem_bytes, stream>>>(args, num_splits, q_vec, out_vec);
   err = cudaGetLastError();
   MLA_CHECK(err == cudaSuccess, "mla_decode_sm90a: launch: {}", cudaGetErrorString(err));
 }

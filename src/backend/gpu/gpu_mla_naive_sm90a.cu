@@ -134,33 +134,7 @@ __device__ __forceinline__ uint64_t make_desc_sw128(uint32_t addr, uint32_t lbo,
 // below 2^18 B, so plain addition never carries out of it.
 __device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + uint64_t(bytes >> 4); }
 
-// ---- mbarrier + bulk tensor copy (PTX ISA 8.0, sm_90) ---------------------------------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Makes the initialised barriers visible to the copy engine (async proxy).
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// Thread with p: arrive once on `bar` (no transaction bytes).
-__device__ __forceinline__ void mbar_arrive_if(bool p, uint32_t bar) {
-  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q mbarrier.arrive.shared::cta.b64 _, [%1];\n}\n" ::"r"(uint32_t(p)),
-               "r"(bar)
-               : "memory");
-}
-// Thread with p: arrive once on `bar` and expect `bytes` of copy-engine writes in this phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx_if(bool p, uint32_t bar, uint32_t bytes) {
-  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q mbarrier.arrive.expect_tx.shared::cta.b64 _, [%1], %2;\n}\n" ::"r"(
-                   uint32_t(p)),
-               "r"(bar), "r"(bytes)
-               : "memory");
-}
-// Spins until the phase with parity `parity` of `bar` has completed. The loop lives inside the asm
-// (labels are local to the braces): a compiler-visible loop next to wgmma would serialize it (C7518).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
+// ---- bulk tensor copy (PTX ISA 8.0, sm_90; the mbarriers are gpu_mma.cuh's) ----------------------
 // Thread with p: copy box (c0, c1, c2) of the 3-D tensor map into shared `dst`, completing on `bar`.
 __device__ __forceinline__ void tma_load_3d_if(bool p, uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
                                                int c1, int c2) {
@@ -172,18 +146,9 @@ __device__ __forceinline__ void tma_load_3d_if(bool p, uint32_t dst, const CUten
       : "memory");
 }
 
-// Named barriers over the 256 math threads (id 0 is __syncthreads): 1 + w = "warpgroup w may issue its
-// S"; 3 = Q staged. Predicated inside the asm, not branched: a compiler-visible branch next to wgmma
-// makes ptxas serialize every wgmma of the kernel (C7518, "WG.DP in divergent path").
+// Named barriers over the 256 math threads (gpu_mma.cuh; id 0 is __syncthreads): 1 + w = "warpgroup w
+// may issue its S"; 3 = Q staged.
 constexpr uint32_t kBarQ = 3;
-__device__ __forceinline__ void named_barrier_arrive_if(bool p, uint32_t id) {
-  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q bar.arrive %1, %2;\n}\n" ::"r"(uint32_t(p)), "r"(id),
-               "n"(kMathThreads)
-               : "memory");
-}
-__device__ __forceinline__ void named_barrier_sync(uint32_t id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kMathThreads) : "memory");
-}
 // Pins a register value at this point of the instruction stream: the compiler may not move its
 // producers below, nor its consumers above (wgmma reads / writes registers asynchronously, between
 // issue and wait_group, which the compiler cannot see).
@@ -320,9 +285,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   fence_proxy_async();  // the Q stores -> wgmma reads
-  named_barrier_sync(kBarQ);
+  named_barrier_sync<kMathThreads>(kBarQ);
   // Ping-pong turn: warpgroup 1 hands warpgroup 0 its first turn.
-  named_barrier_arrive_if(wg == 1 && num_tiles > 0, 1);
+  named_barrier_arrive_if<kMathThreads>(wg == 1 && num_tiles > 0, 1);
 
   // This thread's rows (CTA-relative) and their key limits clamped to [-1, n - 1]: key jj visible iff
   // jj <= lim (the clamp folds in jj < n; -1 sees nothing).
@@ -383,8 +348,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // S[64 x 128] = Q K^T over d_qk: 12 k-steps of 16 dims (Q: 2 core-matrix units = 256 B; K: 32 B
     // within box ks / 4).
     if (!active) {
-      named_barrier_sync(1 + uint32_t(wg));
-      named_barrier_arrive_if(hand_over, 2 - uint32_t(wg));
+      named_barrier_sync<kMathThreads>(1 + uint32_t(wg));
+      named_barrier_arrive_if<kMathThreads>(hand_over, 2 - uint32_t(wg));
       mbar_arrive_if(release, empty);
       continue;
     }
@@ -394,14 +359,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       s[i] = 0.0f;
       pin(s[i]);
     }
-    named_barrier_sync(1 + uint32_t(wg));
+    named_barrier_sync<kMathThreads>(1 + uint32_t(wg));
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kDqk / 16; ++ks)
       wgmma_ss(s, desc_add(dq, ks * 256),
                make_desc_sw128(k_tile + uint32_t(ks / 4) * kBoxBytes + uint32_t(ks % 4) * 32, 16, kSwRowGroup), ks > 0);
     wgmma_commit();
-    named_barrier_arrive_if(hand_over, 2 - uint32_t(wg));
+    named_barrier_arrive_if<kMathThreads>(hand_over, 2 - uint32_t(wg));
     wgmma_wait_all();
 #pragma unroll
     for (int i = 0; i < 64; ++i) pin(s[i]);

@@ -126,6 +126,55 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Returns once at most N of this warpgroup's committed wgmma groups are still in flight (groups
+// complete in commit order).
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// ---- sm_90 barriers: mbarriers (PTX ISA 8.0) and named barriers -------------------------------------
+// Conditional forms predicate inside the asm instead of branching: a compiler-visible branch next
+// to wgmma makes ptxas serialize every wgmma of the kernel (C7518, "WG.DP in divergent path").
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the copy engine (async proxy).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Thread with p: arrive once on `bar` (no transaction bytes).
+__device__ __forceinline__ void mbar_arrive_if(bool p, uint32_t bar) {
+  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q mbarrier.arrive.shared::cta.b64 _, [%1];\n}\n" ::"r"(uint32_t(p)),
+               "r"(bar)
+               : "memory");
+}
+// Thread with p: arrive once on `bar` and expect `bytes` of copy-engine writes in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx_if(bool p, uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q mbarrier.arrive.expect_tx.shared::cta.b64 _, [%1], %2;\n}\n" ::"r"(
+                   uint32_t(p)),
+               "r"(bar), "r"(bytes)
+               : "memory");
+}
+// One arrival on `bar` once every cp.async this thread issued before has landed (.noinc: the
+// arrival counts against the count the barrier was initialised with).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Spins until the phase with parity `parity` of `bar` has completed. The loop lives inside the asm
+// (labels are local to the braces): a compiler-visible loop next to wgmma would serialize it (C7518).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Named barrier `id` (0 is __syncthreads) over kCount threads (a multiple of 32).
+template <int kCount> __device__ __forceinline__ void named_barrier_sync(uint32_t id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kCount) : "memory");
+}
+template <int kCount> __device__ __forceinline__ void named_barrier_arrive_if(bool p, uint32_t id) {
+  asm volatile("{\n.reg .pred q;\nsetp.ne.u32 q, %0, 0;\n@q bar.arrive %1, %2;\n}\n" ::"r"(uint32_t(p)), "r"(id),
+               "n"(kCount)
+               : "memory");
+}
 
 }  // namespace mla::gpu::mma
 #endif  // MLA_GPU_CUDA
