@@ -27,17 +27,18 @@ namespace {
 //  - Warpgroup 0, the "S warpgroup", owns S, the running row max m and row sums l, and O columns
 //    [0, 256) ("O_L"); warpgroup 1 owns O columns [256, 512) ("O_R"). Both read P_j (bf16) and alpha_j
 //    from shared memory once named barrier P (the j-th time) has passed.
-//  - S warpgroup, iteration j: issue O_L += P_j V_j (4 x m64n256k16), then S_{j+1} (36 x m64n64k16)
-//    once tile j+1 has landed; wait for PV_j alone and release buffer j; wait for S_{j+1}; wait until
-//    warpgroup 1 released buffer j too (it has read P_j and alpha_j); softmax of S_{j+1} writes P_{j+1}
-//    and alpha_{j+1}; rescale O_L; barrier P. PV_j goes first because tile j+2 can only load once both
-//    halves of PV_j have read buffer j: so it loads while S_{j+1}, the softmax and PV_{j+1} run.
-//  - Warpgroup 1, iteration j: barrier P, rescale O_R by alpha_j, O_R += P_j V_j, wait, release buffer
-//    j; then, once the S warpgroup released it too, copy tile j+2 into it (cp.async, each thread's
-//    copies completing on full[j % 2]). Rows at or past the row's causal limit are zero-filled (P is 0
-//    there, but 0 x garbage can be NaN in P V). Warpgroup 1 idles during S and softmax, so it is the
-//    copy issuer; a separate producer warp would cap the CTA at 168 registers a thread (9 warps over 4
-//    schedulers), too few for O_L + S without spilling.
+//  - S warpgroup, iteration j: issue O_L += P_j V_j (4 x m64n256k16), then S_{j+1} (36 x m64n64k16:
+//    part A of tile j+1 as soon as it landed, part B once it did); wait for PV_j alone and release
+//    buffer j (empty); wait for S_{j+1}; softmax of S_{j+1} into registers; rescale O_L; once
+//    warpgroup 1 has read P_j and alpha_j (p_free), store P_{j+1} and alpha_{j+1} and arrive on
+//    barrier P (no wait). PV_j goes first because tile j+2 can only load once PV_j has read buffer j:
+//    so it loads while S_{j+1}, the softmax and PV_{j+1} run.
+//  - Warpgroup 1, iteration j: barrier P, rescale O_R by alpha_j, O_R += P_j V_j, wait, release P_j
+//    (p_free); then, once the S warpgroup released buffer j (empty), copy tile j+2 into it in two
+//    parts (cp.async, each part completing on its own mbarrier; see the loader). Rows at or past the
+//    row's causal limit are zero-filled (P is 0 there, but 0 x garbage can be NaN in P V).
+//    Warpgroup 1 idles during S and the softmax, so it is the copy issuer: a separate producer warp
+//    would cap the CTA at 168 registers a thread (9 warps over 4 schedulers), too few for O_L + S.
 // FLOPs per tile: S 2*64*64*576 = 4.72 M, PV 2*64*512*64 = 4.19 M = 2176 tensor cycles at the dense
 // peak. Shared-memory bytes per tile: S reads Q + K = 147 KB (m64n64k16 reads 4 KB per 32 cycles, the
 // 128 B/cycle limit; the N = 32 split read 221 KB), PV reads P twice + V = 80 KB, the copy writes 74
@@ -54,7 +55,8 @@ constexpr int kColsPerWg = kRank / 2;         // 256: O columns per warpgroup
 constexpr int kChunks = kKvDim * 2 / 16;      // 72 16-byte chunks per 576-wide bf16 row
 constexpr int kKSteps = kKvDim / 16;          // 36 k16 steps of S
 constexpr int kPrefetchAhead = 2;             // L2 prefetch distance in tiles (a buffer's next tile)
-// Named barriers over all 256 threads (0 is __syncthreads, used once after the mbarrier init).
+// Named barriers over all 256 threads (0 is __syncthreads, used once after the mbarrier init). P is a
+// producer / consumer barrier: the S warpgroup arrives, warpgroup 1 syncs.
 constexpr uint32_t kBarQ = 1, kBarP = 2, kBarL = 3;
 
 // ---- shared-memory layout (the proof the descriptors below rely on) --------------------------------
@@ -88,8 +90,11 @@ constexpr int kTileBytes = (kKvDim / 64) * kBlockBytes;  // 73,728
 constexpr int kQOff = 0, kKvOff = kTileBytes, kPOff = kKvOff + 2 * kTileBytes;
 constexpr int kAlphaOff = kPOff + kBlockBytes;  // alpha_j per row (S warpgroup -> warpgroup 1)
 constexpr int kLOff = kAlphaOff + kHeads * 4;   // final row sums (S warpgroup -> warpgroup 1)
-constexpr int kBarOff = kLOff + kHeads * 4;     // full[2] (128 copy arrivals), empty[2] (8 warp arrivals)
-constexpr int kSmemBytes = kBarOff + 32 + 1024;  // + 1024: the base is aligned by hand
+// mbarriers: full_a[2] and full_b[2] (the two parts of a buffer landed: 128 copy arrivals each),
+// empty[2] (the S warpgroup read a buffer: 4 warp arrivals), p_free (warpgroup 1 read P_j, alpha_j and
+// its part of buffer j: 4 warp arrivals; one phase per tile).
+constexpr int kBarOff = kLOff + kHeads * 4;
+constexpr int kSmemBytes = kBarOff + 64 + 1024;  // + 1024: the base is aligned by hand
 static_assert(kSmemBytes <= 227 * 1024, "sm_90 opt-in shared memory per block");
 static_assert(kKvDim % 64 == 0 && kKeys == 64 && kHeads == 64 && kRank % 64 == 0);
 static_assert(kChunks > 64 && kChunks <= 96, "a row is three 16-byte copies per lane, the third partial");
@@ -326,17 +331,25 @@ __device__ __forceinline__ void rescale(float (&o)[kColsPerWg / 2], const float 
 }
 
 // S[64 x 64] = Q K^T over the tile at shared address kt: K-major A = Q, K-major B = the tile's rows.
-// Step ks: column block ks / 4, byte (ks % 4) * 32 within the rows. One commit group.
-// The two base descriptors are rebuilt from opaque addresses per call: otherwise the compiler keeps
-// all 36 Q descriptors (72 registers) live across the tile loop and spills.
-__device__ __forceinline__ void issue_s(float (&s)[32], uint32_t q_s, uint32_t kt) {
+// Step ks: column block ks / 4, byte (ks % 4) * 32 within the rows. Part A of the tile (column blocks
+// 0-3 and the rope block 8) first; then, once part B (blocks 4-7) landed on full_b, the rest. One
+// commit group. The two base descriptors are rebuilt from opaque addresses per call: otherwise the
+// compiler keeps all 36 Q descriptors (72 registers) live across the tile loop and spills.
+__device__ __forceinline__ void issue_s(float (&s)[32], uint32_t q_s, uint32_t kt, uint32_t full_b, uint32_t parity) {
   asm volatile("" : "+r"(q_s), "+r"(kt));
   const uint64_t dq = make_desc(q_s, 16, 1024), dk = make_desc(kt, 16, 1024);
-#pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) {
+  auto step = [&](int ks) {
     const uint32_t koff = uint32_t((ks / 4) * kBlockBytes + (ks % 4) * 32);
     wgmma_m64n64k16(s, desc_add(dq, koff), desc_add(dk, koff), ks > 0);
-  }
+  };
+#pragma unroll
+  for (int ks = 0; ks < 16; ++ks) step(ks);
+#pragma unroll
+  for (int ks = 32; ks < kKSteps; ++ks) step(ks);
+  mbar_wait(full_b, parity);
+  fence_proxy_async();
+#pragma unroll
+  for (int ks = 16; ks < 32; ++ks) step(ks);
   wgmma_commit();
 }
 
@@ -361,7 +374,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
   const uint32_t base = (raw + 1023u) & ~1023u;  // the swizzle atoms need 1024-byte alignment
   unsigned char* smem = smem_raw + (base - raw);
   const uint32_t q_s = base + kQOff, kv_s = base + kKvOff, p_s = base + kPOff;
-  const uint32_t full_s = base + kBarOff, empty_s = full_s + 16;  // + 8 * buffer
   const float* alpha_sm = reinterpret_cast<const float*>(smem + kAlphaOff);
   float* l_sm = reinterpret_cast<float*>(smem + kLOff);
 
@@ -402,20 +414,27 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
   }
 
   if (tid == 0) {
+    const uint32_t bars = base + kBarOff;
     for (int b = 0; b < 2; ++b) {
-      mbar_init(full_s + 8 * b, kMathThreads / 2);    // one cp.async arrival per warpgroup-1 thread
-      mbar_init(empty_s + 8 * b, kMathThreads / 32);  // one arrival per warp
+      mbar_init(bars + 8 * b, kMathThreads / 2);       // full_a: one cp.async arrival per warpgroup-1 thread
+      mbar_init(bars + 16 + 8 * b, kMathThreads / 2);  // full_b
+      mbar_init(bars + 32 + 8 * b, 4);                 // empty: one arrival per S-warpgroup warp
     }
+    mbar_init(bars + 48, 4);  // p_free: one arrival per warpgroup-1 warp
     mbar_init_fence();
   }
   __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialised
 
-  // Cache tile loader (warpgroup 1): warp w copies rows [16 w, 16 w + 16). resolve_rows: lane i
-  // resolves row 16 w + i % 16 through the block table (-1 at or past the limit; branch-free, so that
-  // it can run while a wgmma is in flight) and asks L2 for its row of the tile this buffer holds next.
-  // copy_tile: the warp copies each 1152-byte row as 16-byte chunks lane, lane + 32, lane + 64
-  // (coalesced) into the swizzled layout; each thread's arrival on full[buffer] fires once its
-  // copies landed.
+  // Cache tile loader (warpgroup 1), in two parts per tile: A = column blocks 0-3 (O_L's V) and 8 (the
+  // rope dims), B = blocks 4-7 (O_R's V), each completing on its own mbarrier, so that the S warpgroup
+  // starts S on part A while part B lands, and part A of buffer j refills as soon as the S warpgroup
+  // released it (its P V half done) while warpgroup 1 may still read part B. Warp w copies rows
+  // [16 w, 16 w + 16): per column block, lane l copies chunk l % 8 of rows 16 w + l / 8 + 4 i (i < 4),
+  // four fully used 128-byte runs per instruction. resolve_rows: lane l resolves row 16 w + l % 16
+  // through the block table (-1 at or past the limit: zero-filled; branch-free, so that it can run
+  // while a wgmma is in flight) and asks L2 for its half of that row of the tile this buffer holds
+  // next. Each thread's arrival on full_a / full_b fires once its copies of the part landed.
+  const uint32_t full_a_s = base + kBarOff, full_b_s = full_a_s + 16, empty_s = full_a_s + 32, p_free_s = full_a_s + 48;
   const int block_base = a.block_indptr[seq];
   const char* cache_bytes = reinterpret_cast<const char*>(a.cache);
   auto slot_of = [&](int pos) {
@@ -427,26 +446,50 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
   const int row_lane = (warp % 4) * 16 + lane % 16;
   auto resolve_rows = [&](int j) {
     const int pf = slot_of((tile_begin + j + kPrefetchAhead) * kKeys + row_lane);
-    if (pf >= 0 && lane < 16) prefetch_l2_bytes(cache_bytes + int64_t(pf) * (kKvDim * 2), kKvDim * 2);
+    // Per 128-byte line (a row is 9 lines; lanes i and i + 16 split row i's): the bulk prefetch takes
+    // a uniform address, so per-lane rows made ptxas loop over the lanes one at a time.
+    const char* pf_row = cache_bytes + int64_t(pf) * (kKvDim * 2);
+    if (pf >= 0)
+      for (int line = lane / 16; line < kKvDim * 2 / 128; line += 2) prefetch_l2(pf_row + line * 128);
     return slot_of((tile_begin + j) * kKeys + row_lane);
   };
-  auto copy_tile = [&](int j, int my_slot) {
-    const uint32_t dst = kv_s + uint32_t((j & 1) * kTileBytes);
-#pragma unroll 4
-    for (int rr = 0; rr < 16; ++rr) {
-      const int slot = __shfl_sync(0xffffffffu, my_slot, rr);
-      const int row = (warp % 4) * 16 + rr;
-      const char* src = cache_bytes + (slot >= 0 ? int64_t(slot) * (kKvDim * 2) : 0);
-      const int bytes = slot >= 0 ? 16 : 0;
-      cp_async16(dst + sw128(row, lane), src + lane * 16, bytes);
-      cp_async16(dst + sw128(row, lane + 32), src + (lane + 32) * 16, bytes);
-      if (lane + 64 < kChunks) cp_async16(dst + sw128(row, lane + 64), src + (lane + 64) * 16, bytes);
+  struct RowSlots {
+    int v[4];
+  };
+  auto copy_rows_of = [&](int my_slot) {  // the slots of this lane's 4 copy rows
+    RowSlots r;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.v[i] = __shfl_sync(0xffffffffu, my_slot, lane / 8 + 4 * i);
+    return r;
+  };
+  auto copy_block = [&](uint32_t dst, const RowSlots& rs, int c) {
+    const int chunk = c * 8 + lane % 8;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = (warp % 4) * 16 + lane / 8 + 4 * i;
+      const char* src = cache_bytes + (rs.v[i] >= 0 ? int64_t(rs.v[i]) * (kKvDim * 2) : 0);
+      cp_async16(dst + sw128(row, chunk), src + chunk * 16, rs.v[i] >= 0 ? 16 : 0);
     }
-    cp_async_mbar_arrive(full_s + 8 * uint32_t(j & 1));
+  };
+  auto copy_part_a = [&](int j, const RowSlots& rs) {
+    const uint32_t dst = kv_s + uint32_t((j & 1) * kTileBytes);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) copy_block(dst, rs, c);
+    copy_block(dst, rs, 8);
+    cp_async_mbar_arrive(full_a_s + 8 * uint32_t(j & 1));
+  };
+  auto copy_part_b = [&](int j, const RowSlots& rs) {
+    const uint32_t dst = kv_s + uint32_t((j & 1) * kTileBytes);
+#pragma unroll
+    for (int c = 4; c < 8; ++c) copy_block(dst, rs, c);
+    cp_async_mbar_arrive(full_b_s + 8 * uint32_t(j & 1));
   };
   if (wg == 1) {
-    copy_tile(0, resolve_rows(0));
-    if (num_tiles > 1) copy_tile(1, resolve_rows(1));
+    for (int j = 0; j < 2 && j < num_tiles; ++j) {
+      const RowSlots rs = copy_rows_of(resolve_rows(j));
+      copy_part_a(j, rs);
+      copy_part_b(j, rs);
+    }
   }
 
   // Math warpgroups. Q to shared memory, published to wgmma by stage_q's fence and barrier Q.
@@ -456,13 +499,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
   float o[kColsPerWg / 2];  // O[64 x 256 wg..] fragment (layout above)
 #pragma unroll
   for (int i = 0; i < kColsPerWg / 2; ++i) o[i] = 0.0f;
-  // Tile j's buffer has landed once phase (j / 2) of full[j % 2] completed; the proxy fence then
-  // orders its cp.async bytes (generic proxy) before this thread's wgmma reads them (async proxy).
-  auto wait_tile = [&](int j) {
-    mbar_wait(full_s + 8 * uint32_t(j & 1), uint32_t(j >> 1) & 1u);
+  auto buf_addr = [&](int j) { return kv_s + uint32_t((j & 1) * kTileBytes); };
+  // A part of tile j has landed once phase (j / 2) of its full_* barrier for buffer j % 2 completed;
+  // the proxy fence then orders its cp.async bytes (generic proxy) before this thread's wgmma reads
+  // them (async proxy).
+  auto parity_of = [](int j) { return uint32_t(j >> 1) & 1u; };
+  auto wait_part = [&](uint32_t full, int j) {
+    mbar_wait(full + 8 * uint32_t(j & 1), parity_of(j));
     fence_proxy_async();
   };
-  auto buf_addr = [&](int j) { return kv_s + uint32_t((j & 1) * kTileBytes); };
+  auto s_of = [&](float (&s)[32], int j) {  // S_j: part A, then part B once it landed
+    wait_part(full_a_s, j);
+    issue_s(s, q_s, buf_addr(j), full_b_s + 8 * uint32_t(j & 1), parity_of(j));
+  };
 
   float m_run[2] = {kNegInf, kNegInf};  // S warpgroup: reference max of rows r0, r1 (see softmax_tile)
   float l_part[2] = {0.0f, 0.0f};       // S warpgroup: this lane's share of the row sums
@@ -472,21 +521,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
     float s[32];
     float alpha[2];
     uint32_t p[16];
-    wait_tile(0);
     wgmma_fence();
-    issue_s(s, q_s, buf_addr(0));
+    s_of(s, 0);
     wgmma_wait<0>();
     fence_regs(s);
     softmax_tile(s, key_lane, limit, scale_log2, m_run, l_part, alpha, p, t4);
     store_p(p, alpha, smem, r0, r1, t4);  // alpha_0 = 0 scales warpgroup 1's zero O_R: harmless
     fence_proxy_async();
-    named_barrier_sync<kMathThreads>(kBarP);
+    named_barrier_arrive_if<kMathThreads>(true, kBarP);  // post P_0 (release); warpgroup 1 syncs on it
     for (int j = 0; j + 1 < num_tiles; ++j) {
       wgmma_fence();
       issue_pv(o, p_s, buf_addr(j), 0);
-      wait_tile(j + 1);
       wgmma_fence();  // s was rewritten by the softmax since the fence above (ptxas would inject one)
-      issue_s(s, q_s, buf_addr(j + 1));
+      s_of(s, j + 1);
       wgmma_wait<1>();  // O_L += P_j V_j done (groups complete in order); S_{j+1} may still run
       fence_regs(o);
       // This warp is done with buffer j: warpgroup 1 refills it with tile j + 2 while S_{j+1} runs.
@@ -495,10 +542,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
       fence_regs(s);
       softmax_tile(s, key_lane + (j + 1) * kKeys, limit, scale_log2, m_run, l_part, alpha, p, t4);
       rescale(o, alpha);
-      mbar_wait(empty_s + 8 * uint32_t(j & 1), uint32_t(j >> 1) & 1u);  // warpgroup 1 is done with P_j, alpha_j
+      mbar_wait(p_free_s, uint32_t(j & 1));  // warpgroup 1 is done with P_j and alpha_j
       store_p(p, alpha, smem, r0, r1, t4);
       fence_proxy_async();
-      named_barrier_sync<kMathThreads>(kBarP);
+      // Post P_{j+1} without waiting for warpgroup 1 (it may still be issuing tile j+2's copies): it
+      // passed barrier P_j already, since it released buffer j above, so arrivals never run ahead.
+      named_barrier_arrive_if<kMathThreads>(true, kBarP);
     }
     wgmma_fence();
     issue_pv(o, p_s, buf_addr(num_tiles - 1), 0);
@@ -517,7 +566,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
   } else {
     for (int j = 0; j < num_tiles; ++j) {
       named_barrier_sync<kMathThreads>(kBarP);  // P_j and alpha_j posted
-      wait_tile(j);                               // complete already: orders the bytes for this warpgroup
+      wait_part(full_a_s, j);                     // both complete already: orders the bytes for this
+      wait_part(full_b_s, j);                     // warpgroup's wgmma
       const float alpha[2] = {alpha_sm[r0], alpha_sm[r1]};
       rescale(o, alpha);
       wgmma_fence();
@@ -525,10 +575,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
       const int next_slot = resolve_rows(j + 2);  // block-table reads overlap the P V product
       wgmma_wait<0>();
       fence_regs(o);
-      mbar_arrive_if(lane == 0, empty_s + 8 * uint32_t(j & 1));
-      if (j + 2 < num_tiles) {  // buffer j's next tile, once the S warpgroup has read it too
-        mbar_wait(empty_s + 8 * uint32_t(j & 1), uint32_t(j >> 1) & 1u);
-        copy_tile(j + 2, next_slot);
+      mbar_arrive_if(lane == 0, p_free_s);
+      if (j + 2 < num_tiles) {  // buffer j's next tile: part A once the S warpgroup released it
+        const RowSlots rs = copy_rows_of(next_slot);
+        mbar_wait(empty_s + 8 * uint32_t(j & 1), parity_of(j));
+        copy_part_a(j + 2, rs);
+        copy_part_b(j + 2, rs);
       }
     }
     cp_async_wait_all();  // nothing of this thread's left in flight at exit
