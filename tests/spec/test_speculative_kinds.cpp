@@ -1,6 +1,6 @@
 // Feature-fed drafts (MTP, EAGLE-3) through the serving engine on the CPU reference backend: greedy
-// output identical to non-speculative output for K in {1, 2, 4} at batch 1 and 8 (the check itself:
-// spec/feature_fed_greedy.h, shared with the GPU suite).
+// output identical to non-speculative output for K in {1, 2, 4} at batch 1 and 8 (4 under the
+// sanitizers; the check itself: spec/feature_fed_greedy.h, shared with the GPU suite).
 #include <gtest/gtest.h>
 
 #include "backend/cpu/cpu_backend.h"
