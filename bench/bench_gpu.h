@@ -134,6 +134,7 @@ struct BenchOptions {
   std::string model_dir;                   // e2e: a make-model output
   int e2e_decode_tokens = 128;
   int e2e_profile_steps = 0;               // e2e: decode steps run inside profiler_range after the timing
+  bool profile_calls = false;              // moe, gemm: each case once more inside profiler_range
 };
 void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o);
 void bench_mla_prefill(Report& report, const Ceilings& c, const BenchOptions& o);

@@ -41,6 +41,9 @@ int main(int argc, char** argv) {
                  "e2e: after the timed run, decode this many more steps inside a profiler range (run under "
                  "`ncu --profile-from-start off` to see only decode kernels)")
       ->capture_default_str();
+  app.add_flag("--profile-calls", o.profile_calls,
+               "moe, gemm: after timing each case, call it once more inside a profiler range (`ncu "
+               "--profile-from-start off` then sees one call of each case and nothing else)");
   app.add_option("--prefill-contexts", o.prefill_contexts, "mla-prefill: context lengths")->capture_default_str();
   app.add_option("--prefill-query-chunk", o.prefill_query_chunk,
                  "mla-prefill: queries at the end of the context (0 = q_len = context)")

@@ -88,14 +88,15 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   const double cache_bytes = double(seqs) * ctx * kKvDim * 2.0;
   // 128 heads twice more with the attention kernel forced: the sm_90a wgmma kernel (what Auto runs on
   // an H200) and the mma.sync kernel it replaced (0 = Auto, 1 = MmaSync, 2 = Wgmma).
-  const std::pair<int, int> runs[] = {{16, 0}, {128, 0}, {128, 1}, {128, 2}, {12, 0}, {8, 0}};
+  const std::pair<int, int> runs[] = {{16, 0}, {16, 2}, {128, 0}, {128, 1}, {128, 2}, {12, 0}, {8, 0}};
   constexpr gpu::MlaDecodeKernel kForced[] = {gpu::MlaDecodeKernel::Auto, gpu::MlaDecodeKernel::MmaSync,
                                               gpu::MlaDecodeKernel::Wgmma};
   constexpr const char* kForcedTag[] = {"", " mma.sync", " wgmma"};
   bool first_case = true;
   for (const auto& [heads, forced] : runs) {
     const auto kernel = kForced[forced];
-    if (forced >= 2 && !gpu::mla_decode_sm90a_supported(heads, kRank, kRope)) continue;
+    // Forced wgmma pads the heads to its 64-head tile.
+    if (forced >= 2 && !gpu::mla_decode_sm90a_supported((heads + 63) / 64 * 64, kRank, kRope)) continue;
     gpu::set_mla_decode_kernel(*be, kernel);
     const ops::MlaDims dims = dsv3_dims(heads);
     DevTensor q = dev_tensor(*be, DType::F32, {seqs, heads, kKvDim});
@@ -122,8 +123,8 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
                   fmt::format("cache {:.0f} GB/s", gbps),
                   fmt::format("{}h{}", heads, kForcedTag[forced])});
     else
-      report.add({"mla_decode", name, t.median_ms, gbps, "GB/s", c.copy_gbps, "copy BW", heads == 16 ? 0.8 : 0,
-                  fmt::format("{:.1f} TFLOP/s; cache bytes only", tflops), fmt::format("{}h", heads)});
+      report.add({"mla_decode", name, t.median_ms, gbps, "GB/s", c.copy_gbps, "copy BW", heads == 16 && !forced ? 0.8 : 0,
+                  fmt::format("{:.1f} TFLOP/s; cache bytes only", tflops), fmt::format("{}h{}", heads, kForcedTag[forced])});
   }
   // Batch 1 at ctx 1100, 128 heads: the end-to-end single-stream decode's attention call (latency-
   // bound: 1.3 MB of cache, 0.3 GFLOP), per kernel. Rows in us per call, no ceiling; the cache of one

@@ -78,6 +78,13 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       const Timing t = time_on_stream(s, plan, [&](int rep) {
         be->moe_experts(x.view, ids[size_t(rep % sets)].view, weights[size_t(rep % sets)].view, experts, out.view);
       });
+      if (o.profile_calls) {
+        be->synchronize();
+        profiler_range(true);
+        be->moe_experts(x.view, ids[0].view, weights[0].view, experts, out.view);
+        be->synchronize();
+        profiler_range(false);
+      }
       // Bytes differ per call (the number of distinct experts hit): the median of per-call rates.
       std::vector<double> gbps;
       for (size_t i = 0; i < t.per_rep_ms.size(); ++i)
@@ -382,6 +389,13 @@ void bench_gemm(Report& report, const Ceilings& c, const BenchOptions& o) {
     plan.max_reps = o.quick ? 5 : 100;
     plan.budget_ms = o.quick ? 100 : 800;
     const Timing tm = time_on_stream(s, plan, [&](int) { be.linear(x.view, w, out.view); });
+    if (o.profile_calls) {
+      be.synchronize();
+      profiler_range(true);
+      be.linear(x.view, w, out.view);
+      be.synchronize();
+      profiler_range(false);
+    }
     const double flops = 2.0 * t_rows * double(w.in_features) * double(w.out_features);
     report.add({"gemm", name, tm.median_ms, flops / (tm.median_ms * 1e-3) / 1e12, "TFLOP/s", c.bf16_tflops,
                 "bf16 GEMM", target, note, key});
