@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
-FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+FUZZ_SECONDS=${FUZZ_SECONDS:-10}
 
 bash scripts/install_deps.sh
 
@@ -27,8 +27,13 @@ echo "== asan preset: every test under AddressSanitizer + UBSan, then the parser
 cmake --preset asan -DMLA_WERROR=ON >/dev/null
 cmake --build --preset asan -j"$jobs"
 # One process per test (ctest), two at a time: the sanitized suite is ~10x slower than the plain one.
+# Line tables only (the preset): ASan reports keep file:line, the build is ~10% shorter.
+# Three tests run in the plain build only: the held-out perplexity comparisons are numerics over the
+# same forward every engine test runs sanitized (57 + 21 + 20 s under ASan), and the linear-time
+# header check times the parser, which ASan's slowdown makes meaningless (24 s).
+asan_plain_only='HeldoutHeadPerplexityMatchesPyTorch|EmbeddedModelPerplexity.CliMatchesReference|OpensLargeHeaderInLinearTime'
 asan_log=$(mktemp)
-if ! ASAN_OPTIONS=detect_leaks=1 ctest --preset asan -j"$jobs" --output-on-failure >"$asan_log" 2>&1; then
+if ! ASAN_OPTIONS=detect_leaks=1 ctest --preset asan -j"$jobs" -E "$asan_plain_only" --output-on-failure >"$asan_log" 2>&1; then
   tail -n 200 "$asan_log"
   echo "asan tests FAILED"
   exit 1

@@ -235,7 +235,7 @@ TEST(Engine, ManyRequestsAThirdAbortedLeakNoBlocks) {
     FinishReason reason = FinishReason::None;
   };
   std::vector<Live> live;
-  const int requests = stress_size(200, 80);
+  const int requests = stress_size(200, 40);
   for (int i = 0; i < requests; ++i) {
     RequestParams p;
     p.prompt = prompt_of(3 + int(rng() % 20), 1000 + uint32_t(i));

@@ -199,7 +199,7 @@ TEST(Speculative, NoBlockLeaksAfterManyRequestsSomeCancelled) {
   auto e = make_engine(config(4, /*num_blocks=*/160), models().draft.get());
   ASSERT_TRUE(e);
   check_no_block_leaks_after_requests_some_cancelled(
-      *e, stress_size(100, 40), [](int i) { return greedy_requests(1, 6 + i % 13)[0]; }, greedy_requests(1, 5)[0]);
+      *e, stress_size(100, 20), [](int i) { return greedy_requests(1, 6 + i % 13)[0]; }, greedy_requests(1, 5)[0]);
 }
 
 TEST(Speculative, LogprobsMatchNonSpeculative) {
