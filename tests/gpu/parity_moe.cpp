@@ -260,7 +260,8 @@ Tolerance tc_tol(WeightKind kind) {
   const double u = kind == WeightKind::FP8 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
   return Tolerance{8 * u, 2 * u,
                    kind == WeightKind::FP8 ? "tc: f16 x and h (u = 2^-11, pow2-scaled), exact fp8 W; 8u + 2u rel"
-                                           : "tc: bf16 x and h (u = 2^-8), exact bf16(q s) W; 8u + 2u rel"};
+                                           : "tc: bf16 x and h (u = 2^-8), W as exact q s (the reference rounds "
+                                             "bf16(q s): <= u/2 per weight); 8u + 2u rel"};
 }
 
 // The tensor-core grouped (prefill) path (gpu_moe_grouped_tc.h): weights exact in bf16 (BF16; FP8

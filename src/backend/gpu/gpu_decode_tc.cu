@@ -1,9 +1,13 @@
 // Tensor-core decode matvec for GemmPrecision::Bf16: MoE experts (constraint and interface:
 // gpu_decode_tc.h; dense layers: gpu_dense_tc.cu). Weights are the mma A operand, read once from HBM
 // with 16-byte evict-first loads straight into fragments (no shared memory); an expert's tokens are
-// the B columns (n = 8), prepared once as 16-bit rows. FP8: e4m3 -> f16 exact (cvt.rn.f16x2.e4m3x2), activations f16 with a power-of-two
-// scale per 64-k chunk, block scale applied to each 64-k partial sum in fp32. INT4: nibble -> exact
-// bf16(q * s) (the weight_at value), activations bf16. Only the activations are rounded.
+// the B columns (n = 8), prepared once as 16-bit rows. FP8: e4m3 -> f16 exact (cvt.rn.f16x2.e4m3x2),
+// activations f16 with a power-of-two scale per 64-k chunk, block scale applied to each 64-k partial
+// sum in fp32. INT4: the mma multiplies the raw nibbles (as 128 + n, exact in bf16) by bf16
+// activations, one 32-k group per output column, and each group's fp32 partial becomes
+// s (partial - 136 sum(x)) = sum((n - 8) s x): the weights enter exactly (q s in fp32, not rounded to
+// bf16 as weight_at rounds them: <= 2^-9 relative per weight, the size of the activations' own
+// rounding); the activations are rounded to bf16.
 #include "backend/gpu/gpu_decode_tc.h"
 
 #include <algorithm>
@@ -21,18 +25,21 @@ namespace {
 
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// Scratch: x16 [tokens, hidden] u16 | x_inv [tokens, hidden / 64] f32 | h16 [pairs, inter] u16 |
-// h_inv [pairs, inter / 64] f32, each piece 256-byte aligned (16-byte rows: hidden, inter % 64 == 0).
+// Scratch: x16 [tokens, hidden] u16 | x_aux [tokens, hidden / 32] f32 | h16 [pairs, inter] u16 |
+// h_aux [pairs, inter / 32] f32, each piece 256-byte aligned (16-byte rows: hidden, inter % 64 == 0).
+// aux rows: FP8, the inverse activation scale of each 64-k chunk (the first k / 64 entries); INT4,
+// the sum of each 32-k group of the bf16 activations.
+constexpr int64_t kAuxK = 32;  // k per aux entry at most (INT4 groups; FP8 uses one per 64)
 struct TcLayout {
-  size_t x16 = 0, x_inv = 0, h16 = 0, h_inv = 0, total = 0;
+  size_t x16 = 0, x_aux = 0, h16 = 0, h_aux = 0, total = 0;
 };
 TcLayout tc_layout(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
   TcLayout l;
   l.x16 = 0;
-  l.x_inv = l.x16 + align256(size_t(tokens * hidden) * 2);
-  l.h16 = l.x_inv + align256(size_t(tokens * (hidden / kActChunk)) * 4);
-  l.h_inv = l.h16 + align256(size_t(pairs * inter) * 2);
-  l.total = l.h_inv + align256(size_t(pairs * (inter / kActChunk)) * 4);
+  l.x_aux = l.x16 + align256(size_t(tokens * hidden) * 2);
+  l.h16 = l.x_aux + align256(size_t(tokens * (hidden / kAuxK)) * 4);
+  l.h_aux = l.h16 + align256(size_t(pairs * inter) * 2);
+  l.total = l.h_aux + align256(size_t(pairs * (inter / kAuxK)) * 4);
   return l;
 }
 
@@ -60,10 +67,13 @@ namespace {
 // ~10 per byte):
 //   FP8, per 16-byte load: 8 cvt + 2 mma + 3 scale FFMA/FMUL + the load + ~1 shared B / inv / scale
 //        load ~= 15 per 16 B ~= 1 per byte (the fp32 decode kernel: ~5);
-//   INT4, per 8 nibbles: 3 shifts + 4 lop3 + 4 fma (n - 8) + 4 fma (x s, exactly bf16(q s)) = 15 per
-//        4 bytes, + mma and loads ~= 4.3 per byte (the fp32 kernel: ~9). The per-element scale
-//        rounding keeps INT4 dearer: the group scale cannot move to the accumulator because one mma
-//        step spans the 4 t-lanes' different 32-groups.
+//   INT4, per 8 nibbles: 3 shifts + 4 lop3 (128 + n as bf16x2) = 7 per 4 bytes, + mma, loads and
+//        per chunk 8 FFMA (offset and scale of 4 group partials) ~= 2.3 per byte (the fp32 kernel:
+//        ~9). Until 2026-12-03 each nibble pair also took 2 bf16x2 fma (q = n - 8, then bf16(q s)
+//        before the mma, because one mma step spans the 4 t-lanes' different 32-groups): ~4.3 per
+//        byte, and ncu (H200) showed the batch-1 gate/up pass issue-bound at 3.0 lane instructions per
+//        weight, 45% of copy bandwidth. Now each group has its own output column (B below), so the
+//        scale moves behind the mma.
 // In flight: a warp issues kU chunks x kMats matrices x 2 rows x 16 B per lane before consuming any
 // (gate/up 4 x 2 x 2, down 8 x 1 x 2 = 256 B per lane, 8 KB per warp). At batch 1 gate/up runs
 // 8 experts x 32 CTAs = 256 CTAs (~2 per SM, 64 KB per SM in flight), down 8 x 112 = 896 CTAs;
@@ -71,36 +81,39 @@ namespace {
 constexpr int kWarps = 4, kThreads = kWarps * 32;  // CUDA-only file: mma.sync warps are 32 lanes
 constexpr int kTileM = 16;                          // weight rows per warp (one m16 tile)
 constexpr int kCtaRows = kWarps * kTileM;           // 64 = kActChunk: a gate/up CTA owns one h chunk
-constexpr int kCols = 8;                            // token columns per pass (mma n)
+constexpr int kCols = 8;                            // mma n: FP8 token columns per pass
+constexpr int kI4Pass = 2;                          // INT4 tokens per pass: 2 tokens x 4 group columns
 static_assert(kCtaRows == kActChunk, "the FP8 h scale chunk is one gate/up CTA's rows");
 static_assert(kWarpSize == 32, "mma.sync fragments assume 32-lane warps");
 
-// 16-bit activation rows the B fragments read, and (FP8 path) the inverse power-of-two scale of each
-// 64-k chunk of a row: true activation = stored value x inv.
+// 16-bit activation rows the B fragments read, and per row the aux values: FP8, the inverse
+// power-of-two scale of each 64-k chunk (true activation = stored value x inv); INT4, the fp32 sum of
+// each 32-k group of the stored bf16 values.
 struct TcAct {
   const uint16_t* data;  // FP8: f16 [rows, k]; INT4: bf16 [rows, k] permuted per 8-group (act_pos)
   int64_t stride;        // elements per row (a multiple of 8: rows are 16-byte aligned)
-  const float* inv;      // FP8: [rows, k / 64]; INT4: unused
-  int64_t inv_stride;
+  const float* aux;      // FP8: [rows, k / 64] inverse scales; INT4: [rows, k / 32] group sums
+  int64_t aux_stride;
 };
 struct TcOut {
   uint16_t* h;          // gate/up: [pairs, inter] by sorted position, 16-bit as TcAct
   int64_t h_stride;
-  float* h_inv;         // gate/up, FP8: [pairs, inter / 64]
-  int64_t h_inv_stride;
+  float* h_aux;         // gate/up: [pairs, inter / 64] FP8 inverse scales or [pairs, inter / 32] INT4 group sums
+  int64_t h_aux_stride;
   float* y;             // down: [pairs, hidden] by pair index
   int64_t y_stride;
 };
 
-using namespace decode_tc;  // act_pos_i4, pow2_scale, f16_bits, word_of, fp8x2_to_f16x2, int4x2_to_bf16x2
+using namespace decode_tc;  // act_pos_i4, pow2_scale, f16_bits, word_of, fp8x2_to_f16x2, int4x2_magic_bf16x2
 
 // ---- prep: x rows -> 16-bit B rows ---------------------------------------------------------------
 // Grid (ceil(k / 64 / kWarps), rows); one warp per 64-element chunk, 2 elements per lane. ~us.
+// Writes the aux row too: FP8 the chunk's inverse scale, INT4 the sums of its two 32-groups.
 template <bool kF16>
 __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __restrict__ x, int64_t x_stride,
                                                              int64_t k_dim, uint16_t* __restrict__ out,
-                                                             int64_t out_stride, float* __restrict__ inv,
-                                                             int64_t inv_stride) {
+                                                             int64_t out_stride, float* __restrict__ aux,
+                                                             int64_t aux_stride) {
   pdl_enter();  // launched with PDL (launch_maybe_pdl)
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int64_t c = int64_t(blockIdx.x) * kWarps + warp;
@@ -114,10 +127,15 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
     pow2_scale(m, scale, iv);
     o[k] = f16_bits(v0 * scale);
     o[k + 1] = f16_bits(v1 * scale);
-    if (lane == 0) inv[row * inv_stride + c] = iv;
+    if (lane == 0) aux[row * aux_stride + c] = iv;
   } else {
-    o[act_pos_i4(k)] = f32_to_bf16_bits(v0);
-    o[act_pos_i4(k + 1)] = f32_to_bf16_bits(v1);
+    const uint16_t b0 = f32_to_bf16_bits(v0), b1 = f32_to_bf16_bits(v1);
+    o[act_pos_i4(k)] = b0;
+    o[act_pos_i4(k + 1)] = b1;
+    float sum = bf16_bits_to_f32(b0) + bf16_bits_to_f32(b1);  // lanes 0-15: group 2c, 16-31: 2c + 1
+#pragma unroll
+    for (int off = 1; off < 16; off <<= 1) sum += shfl_xor(sum, off);
+    if (lane % 16 == 0) aux[row * aux_stride + 2 * c + lane / 16] = sum;
   }
 }
 
@@ -141,8 +159,15 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
 // C: c0, c1 = D[g][2t, 2t+1], c2, c3 = D[g+8][2t, 2t+1]: rows row0 + g (+8), columns 2t (+1).
 // Scales: FP8's 128x128 block is constant over the warp's 16 rows (row0 % 16 == 0) and a 64-k chunk,
 // and the f16 activation scale is constant per (column, 64-k chunk), so a chunk's 4 steps go into a
-// zeroed partial tmp and acc += tmp * (block scale x column inv). INT4: lane t's piece is exactly
-// group 4c + t of its rows, and the scale is folded into the A values.
+// zeroed partial tmp and acc += tmp * (block scale x column inv).
+// INT4 group columns: lane t's piece is exactly group 4c + t of its rows. Column n = 4 j + t' holds
+// token j of the pass (j < 2) restricted to group slot t': lane (g, t) supplies B[kk][g] = the
+// token's activation only when g % 4 == t, else 0. So D[m][n] = sum over kk in K(n % 4) = the 32 k of
+// group 4c + n % 4 of token n / 4, and lane (g, t) ends a chunk holding token t / 2's partials of
+// groups 4c + 2 (t % 2) and + 1 (c0, c1 for row g; c2, c3 for row g+8). A holds 128 + n (exact), so
+// each partial is sum((128 + n) x) and acc += s (partial - 136 sum(x)) per group; lanes t and t ^ 1
+// add their halves at the end. The offset cancels within one group's 32 terms (fp32, ~1e-5
+// relative to the partial, next to 2^-9 for the bf16 activations).
 //
 // The B columns of a pass are copied into shared memory a window of chunks at a time (whole K when
 // it fits kMoeStageBudget: DeepSeek-V3's experts up to batch 2), with their FP8 activation scales and the CTA's 128-row
@@ -154,8 +179,9 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
 template <MoeFormat F, bool kGateUp> constexpr int moe_tc_burst() { return kGateUp ? 4 : 8; }
 
 // Shared memory of one CTA for `window` chunks of `cols` columns: colmax [kWarps][kCols] f32 |
-// B [cols][window K + 8] u16 (rows 16 bytes apart modulo 128) | inv [cols][window] f32 (FP8) |
-// block scales [2][window / 2 + 2] f32 (FP8).
+// B [cols][window K + 8] u16 (rows 16 bytes apart modulo 128) | aux [cols][window x aux_per_chunk]
+// f32 (FP8: 1 inverse scale, INT4: 4 group sums) | block scales [2][window / 2 + 2] f32 (FP8).
+constexpr int aux_per_chunk(MoeFormat f) { return f == MoeFormat::FP8 ? 1 : 4; }
 struct MoeStage {
   int row_u16;
   size_t b_off, inv_off, ws_off, bytes;
@@ -166,7 +192,7 @@ __host__ __device__ constexpr MoeStage moe_stage(MoeFormat f, int window, int co
   l.b_off = size_t(kWarps) * kCols * 4;
   l.inv_off = l.b_off + size_t(cols) * size_t(l.row_u16) * 2;
   const bool fp8 = f == MoeFormat::FP8;
-  l.ws_off = l.inv_off + (fp8 ? size_t(cols) * size_t(window) * 4 : 0);
+  l.ws_off = l.inv_off + size_t(cols) * size_t(window) * size_t(aux_per_chunk(f)) * 4;
   l.bytes = l.ws_off + (fp8 ? size_t(2) * size_t(window / 2 + 2) * 4 : 0);
   return l;
 }
@@ -183,6 +209,8 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   constexpr int kBVec = kChunkK / 32;          // uint4 of 16-bit activations per lane per chunk
   constexpr int kSteps = kChunkK / 16;         // mma k16 steps per chunk
   constexpr int kRowUnit = kFp8 ? 1 : 4;       // bytes per data_stride unit
+  constexpr int kPass = kFp8 ? kCols : kI4Pass;  // token columns per pass
+  constexpr int kAux = aux_per_chunk(F);
   extern __shared__ __align__(128) unsigned char moe_tc_smem[];
   const MoeStage sl = moe_stage(F, window, stage_cols);
   float (*colmax)[kCols] = reinterpret_cast<float (*)[kCols]>(moe_tc_smem);
@@ -204,10 +232,11 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   const int64_t c_end = k_dim / kChunkK;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(blockIdx.y) * kCtaRows + warp * kTileM;
+  [[maybe_unused]] const int tok = t >> 1;  // INT4: the pass token of this lane's outputs (group columns)
 
   const uint4* arow[kMats][2];                         // lane's piece of chunk 0, rows row0 + g (+8)
   [[maybe_unused]] const float* fp8_scale[kMats];       // FP8: the 128-row block's scale row
-  [[maybe_unused]] const uint16_t* i4_scale[kMats][2];  // INT4: group t of rows row0 + g (+8)
+  [[maybe_unused]] const uint16_t* i4_scale[kMats][2];  // INT4: groups 2 (t % 2), + 1 of rows row0 + g (+8)
 #pragma unroll
   for (int m = 0; m < kMats; ++m) {
     const DeviceWeight& w = *wsel[m];
@@ -215,13 +244,13 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
     for (int h = 0; h < 2; ++h) {
       const int64_t r = row0 + g + 8 * h;
       arow[m][h] = reinterpret_cast<const uint4*>(static_cast<const char*>(w.data) + r * w.data_stride * kRowUnit) + t;
-      if constexpr (!kFp8) i4_scale[m][h] = static_cast<const uint16_t*>(w.scale) + r * w.scale_stride + t;
+      if constexpr (!kFp8) i4_scale[m][h] = static_cast<const uint16_t*>(w.scale) + r * w.scale_stride + 2 * (t & 1);
     }
     if constexpr (kFp8) fp8_scale[m] = static_cast<const float*>(w.scale) + (row0 / 128) * w.scale_stride;
   }
 
   uint4 a[kU][kMats][2];
-  [[maybe_unused]] uint32_t sbits[kU][kMats][2];  // INT4: bf16 bits of the lane's group scale
+  [[maybe_unused]] uint32_t sbits[kU][kMats][2];  // INT4: bf16 scales of the lane's 2 output groups (low: first)
   // Issues every weight load of chunks [c0, c0 + kU) below `lim` before any is consumed.
   auto issue = [&](int64_t c0, int64_t lim) {
 #pragma unroll
@@ -232,7 +261,8 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           a[u][m][h] = c < lim ? __ldcs(arow[m][h] + 4 * c) : make_uint4(0u, 0u, 0u, 0u);
-          if constexpr (!kFp8) sbits[u][m][h] = c < lim ? uint32_t(i4_scale[m][h][4 * c]) : 0u;
+          // 4-byte aligned: MoeExpertTable::scale_pairs.
+          if constexpr (!kFp8) sbits[u][m][h] = c < lim ? *reinterpret_cast<const uint32_t*>(i4_scale[m][h] + 4 * c) : 0u;
         }
     }
   };
@@ -242,14 +272,14 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   pdl_trigger();  // the next grid (down after gate/up) may start issuing its own weights
   bool burst_ready = true;
 
-  for (int p0 = begin; p0 < end; p0 += kCols) {  // uniform per CTA (same expert)
-    const int ncols = min(kCols, end - p0);
+  for (int p0 = begin; p0 < end; p0 += kPass) {  // uniform per CTA (same expert)
+    const int ncols = min(kPass, end - p0);
     // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
     auto act_row = [&](int n) -> int64_t {
       return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n);
     };
 
-    float acc[kMats][4];
+    float acc[kMats][4];  // FP8: the C fragment; INT4: [0], [1] = rows g, g + 8 of token t / 2 (half its groups)
 #pragma unroll
     for (int m = 0; m < kMats; ++m)
 #pragma unroll
@@ -266,18 +296,23 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
           *reinterpret_cast<uint4*>(s_b + n * sl.row_u16 + 8 * j) =
               *reinterpret_cast<const uint4*>(act.data + act_row(n) * act.stride + w0 * kChunkK + 8 * j);
         }
+        for (int i = tid; i < ncols * nwc * kAux; i += kThreads) {
+          const int n = i / (nwc * kAux), j = i - n * (nwc * kAux);
+          s_inv[n * window * kAux + j] = act.aux[act_row(n) * act.aux_stride + w0 * kAux + j];
+        }
         if constexpr (kFp8) {
-          for (int i = tid; i < ncols * nwc; i += kThreads) {
-            const int n = i / nwc, j = i - n * nwc;
-            s_inv[n * window + j] = act.inv[act_row(n) * act.inv_stride + w0 + j];
-          }
           const int nb = int((w_end - 1) / 2 - w0 / 2 + 1);
           for (int i = tid; i < kMats * nb; i += kThreads)
             s_ws[(i / nb) * (window / 2 + 2) + i % nb] = fp8_scale[i / nb][w0 / 2 + i % nb];
         }
       }
       __syncthreads();
-      const uint16_t* srow = s_b + g * sl.row_u16 + t * (kChunkK / 4);
+      // FP8: lane (g, t) supplies column g's activations; INT4: token g / 4's, in group column g only
+      // when g % 4 == t (group columns, above).
+      const int brow = kFp8 ? g : g >> 2;
+      const bool b_live = kFp8 ? g < ncols : ((g & 3) == t && brow < ncols);
+      const uint16_t* srow = s_b + brow * sl.row_u16 + t * (kChunkK / 4);
+      [[maybe_unused]] const float* s_gsum = s_inv + tok * window * kAux + 2 * (t & 1);
       for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
         if (!burst_ready) issue(c0, w_end);
         burst_ready = false;
@@ -290,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
           uint4 b[kBVec];
 #pragma unroll
           for (int i = 0; i < kBVec; ++i)
-            b[i] = g < ncols ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+            b[i] = b_live ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
           if constexpr (kFp8) {
             const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * window + lc] : 0.0f;
             const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * window + lc] : 0.0f;
@@ -312,19 +347,25 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
               acc[m][3] = fmaf(tmp[3], f1, acc[m][3]);
             }
           } else {
+            // sum(x) of this lane's two groups for token `tok` (0 past the pass's columns).
+            const float2 xs = tok < ncols ? *reinterpret_cast<const float2*>(s_gsum + lc * kAux) : make_float2(0.0f, 0.0f);
 #pragma unroll
             for (int m = 0; m < kMats; ++m) {
-              const uint32_t s_lo = sbits[u][m][0] | (sbits[u][m][0] << 16);
-              const uint32_t s_hi = sbits[u][m][1] | (sbits[u][m][1] << 16);
+              float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
               for (int s = 0; s < kSteps; ++s) {
                 const int wd = s / 2, h = s % 2;
                 const uint32_t lo = word_of(a[u][m][0], wd), hi = word_of(a[u][m][1], wd);
-                const uint32_t af[4] = {int4x2_to_bf16x2(lo, 2 * h, s_lo), int4x2_to_bf16x2(hi, 2 * h, s_hi),
-                                        int4x2_to_bf16x2(lo, 2 * h + 1, s_lo), int4x2_to_bf16x2(hi, 2 * h + 1, s_hi)};
-                mma::mma_bf16(acc[m], af, word_of(b[(2 * s) / 4], (2 * s) % 4),
+                const uint32_t af[4] = {int4x2_magic_bf16x2(lo, 2 * h), int4x2_magic_bf16x2(hi, 2 * h),
+                                        int4x2_magic_bf16x2(lo, 2 * h + 1), int4x2_magic_bf16x2(hi, 2 * h + 1)};
+                mma::mma_bf16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4),
                               word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
               }
+              const uint32_t sg = sbits[u][m][0], sg8 = sbits[u][m][1];
+              acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg)), fmaf(-136.0f, xs.x, tmp[0]), acc[m][0]);
+              acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg >> 16)), fmaf(-136.0f, xs.y, tmp[1]), acc[m][0]);
+              acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8)), fmaf(-136.0f, xs.x, tmp[2]), acc[m][1]);
+              acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8 >> 16)), fmaf(-136.0f, xs.y, tmp[3]), acc[m][1]);
             }
           }
         };
@@ -339,12 +380,12 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
       }
     }
 
-    // Epilogue: acc[m][i] is row row0 + g + 8 (i / 2), column 2t + i % 2 (valid when < ncols).
-    if constexpr (kGateUp) {
-      float hv[4];
+    if constexpr (kFp8) {
+      // Epilogue: acc[m][i] is row row0 + g + 8 (i / 2), column 2t + i % 2 (valid when < ncols).
+      if constexpr (kGateUp) {
+        float hv[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) hv[i] = acc[0][i] / (1.0f + expf(-acc[0][i])) * acc[1][i];  // silu(g) u
-      if constexpr (kFp8) {
+        for (int i = 0; i < 4; ++i) hv[i] = acc[0][i] / (1.0f + expf(-acc[0][i])) * acc[1][i];  // silu(g) u
         // Per column max |h| over the CTA's 64 rows (= the down pass's 64-k chunk blockIdx.y).
         float m0 = fmaxf(fabsf(hv[0]), fabsf(hv[2])), m1 = fmaxf(fabsf(hv[1]), fabsf(hv[3]));
 #pragma unroll
@@ -374,23 +415,46 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
         if (warp == 0 && g == 0)
 #pragma unroll
           for (int j = 0; j < 2; ++j)
-            if (2 * t + j < ncols) out.h_inv[int64_t(p0 + 2 * t + j) * out.h_inv_stride + blockIdx.y] = inv[j];
+            if (2 * t + j < ncols) out.h_aux[int64_t(p0 + 2 * t + j) * out.h_aux_stride + blockIdx.y] = inv[j];
       } else {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int col = 2 * t + i % 2;
-          if (col < ncols)
-            out.h[int64_t(p0 + col) * out.h_stride + act_pos_i4(row0 + g + 8 * (i / 2))] = f32_to_bf16_bits(hv[i]);
+          if (col < ncols) out.y[int64_t(plan.sorted[p0 + col]) * out.y_stride + row0 + g + 8 * (i / 2)] = acc[0][i];
         }
       }
     } else {
-      float* y = out.y;
+      // Epilogue: lanes t and t ^ 1 hold the two halves of token t / 2's groups; after the exchange
+      // acc[m][i] is row row0 + g + 8 i of token `tok` (valid when tok < ncols), written by even t.
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int col = 2 * t + i % 2;
-        if (col < ncols) {
-          y[int64_t(plan.sorted[p0 + col]) * out.y_stride + row0 + g + 8 * (i / 2)] = acc[0][i];
+      for (int m = 0; m < kMats; ++m)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) acc[m][i] += shfl_xor(acc[m][i], 1);
+      const bool writer = (t & 1) == 0 && tok < ncols;
+      if constexpr (kGateUp) {
+        float hr[2];  // h as the down pass reads it (bf16)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint16_t hb = f32_to_bf16_bits(acc[0][i] / (1.0f + expf(-acc[0][i])) * acc[1][i]);  // silu(g) u
+          hr[i] = bf16_bits_to_f32(hb);
+          if (writer) out.h[int64_t(p0 + tok) * out.h_stride + act_pos_i4(row0 + g + 8 * i)] = hb;
         }
+        // Group sums of h for the down pass: the warp's 16 rows are half of 32-group row0 / 32 (warps
+        // 2q and 2q + 1 share group 2 blockIdx.y + q); fixed-order sums, so the result is deterministic.
+        float gs = hr[0] + hr[1];
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) gs += shfl_xor(gs, off);  // across g, same t
+        if (g == 0 && (t & 1) == 0) colmax[warp][tok] = gs;
+        __syncthreads();
+        if (tid < 2 * kPass) {
+          const int q = tid / kPass, j = tid % kPass;
+          if (j < ncols)
+            out.h_aux[int64_t(p0 + j) * out.h_aux_stride + 2 * int64_t(blockIdx.y) + q] = colmax[2 * q][j] + colmax[2 * q + 1][j];
+        }
+        __syncthreads();  // colmax is rewritten by the next pass
+      } else if (writer) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) out.y[int64_t(plan.sorted[p0 + tok]) * out.y_stride + row0 + g + 8 * i] = acc[0][i];
       }
     }
   }
@@ -401,19 +465,21 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   const TcLayout l = tc_layout(a.tokens, a.pairs, a.hidden, a.inter);
   char* base = static_cast<char*>(a.scratch);
   auto* x16 = reinterpret_cast<uint16_t*>(base + l.x16);
-  auto* x_inv = reinterpret_cast<float*>(base + l.x_inv);
+  auto* x_aux = reinterpret_cast<float*>(base + l.x_aux);
   auto* h16 = reinterpret_cast<uint16_t*>(base + l.h16);
-  auto* h_inv = reinterpret_cast<float*>(base + l.h_inv);
+  auto* h_aux = reinterpret_cast<float*>(base + l.h_aux);
   const int64_t hc = a.hidden / kActChunk, ic = a.inter / kActChunk;
+  // aux entries per row: FP8 one per 64 k, INT4 one per 32-group.
+  const int64_t x_aux_stride = kFp8 ? hc : a.hidden / 32, h_aux_stride = kFp8 ? ic : a.inter / 32;
 
   const dim3 gp(unsigned((hc + kWarps - 1) / kWarps), unsigned(a.tokens));
   launch_maybe_pdl(moe_tc_prep_kernel<kFp8>, gp, dim3(kThreads), 0, true, stream, a.x, a.x_stride, a.hidden, x16, a.hidden,
-                   x_inv, hc);
+                   x_aux, x_aux_stride);
   MLA_GPU_LAUNCH_CHECK();
 
-  // Staging window: the whole K when min(tokens, 8) columns fit the budget, else the largest
-  // multiple of the burst that does. An expert has at most `tokens` pairs.
-  const int cols = std::min(a.tokens, kCols);
+  // Staging window: the whole K when a pass's columns (min(tokens, pass)) fit the budget, else the
+  // largest multiple of the burst that does. An expert has at most `tokens` pairs.
+  const int cols = std::min(a.tokens, kFp8 ? kCols : kI4Pass);
   auto window_for = [&](int64_t chunks, int burst) {
     if (moe_stage(F, int(chunks), cols).bytes <= kMoeStageBudget) return int(chunks);
     int w = burst;
@@ -426,18 +492,18 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   TcOut o1{};
   o1.h = h16;
   o1.h_stride = a.inter;
-  o1.h_inv = h_inv;
-  o1.h_inv_stride = ic;
+  o1.h_aux = h_aux;
+  o1.h_aux_stride = h_aux_stride;
   const dim3 g1(unsigned(a.slots), unsigned(ic));
   mma::launch_maybe_pdl(moe_tc_kernel<F, true>, g1, dim3(kThreads), moe_stage(F, w1, cols).bytes, true, stream,
-                        a.table, a.plan, TcAct{x16, a.hidden, x_inv, hc}, a.top_k, a.hidden, o1, w1, cols);
+                        a.table, a.plan, TcAct{x16, a.hidden, x_aux, x_aux_stride}, a.top_k, a.hidden, o1, w1, cols);
 
   TcOut o2{};
   o2.y = a.y;
   o2.y_stride = a.hidden;
   const dim3 g2(unsigned(a.slots), unsigned(hc));
   mma::launch_maybe_pdl(moe_tc_kernel<F, false>, g2, dim3(kThreads), moe_stage(F, w2, cols).bytes, true, stream,
-                        a.table, a.plan, TcAct{h16, a.inter, h_inv, ic}, a.top_k, a.inter, o2, w2, cols);
+                        a.table, a.plan, TcAct{h16, a.inter, h_aux, h_aux_stride}, a.top_k, a.inter, o2, w2, cols);
 }
 
 }  // namespace

@@ -56,11 +56,17 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
 
+// Nibbles p and p + 4 of `w` as the bf16x2 (128 + n_p, 128 + n_{p+4}), exact: 0x4300 | n is 128 + n
+// (bf16's ulp at 128 is 1). One shift and one lop3.
+__device__ __forceinline__ uint32_t int4x2_magic_bf16x2(uint32_t w, int p) {
+  return ((w >> (4 * p)) & 0x000f000fu) | 0x43004300u;
+}
+
 // Nibbles p and p + 4 of `w` as the bf16x2 (bf16(q_p s), bf16(q_{p+4} s)), q = nibble - 8:
-// 0x4300 | n is exactly 128 + n; fma(., 1, -136) = q exactly; fma(q, s, -0) rounds the exact q s
-// once to bf16 = weight_at's round_scale_dtype(q * s) (sign of zero included). s2 = (s, s).
+// fma(128 + n, 1, -136) = q exactly; fma(q, s, -0) rounds the exact q s once to bf16 = weight_at's
+// round_scale_dtype(q * s) (sign of zero included). s2 = (s, s).
 __device__ __forceinline__ uint32_t int4x2_to_bf16x2(uint32_t w, int p, uint32_t s2) {
-  const uint32_t x = ((w >> (4 * p)) & 0x000f000fu) | 0x43004300u;
+  const uint32_t x = int4x2_magic_bf16x2(w, p);
   const uint32_t q = mma::fma_bf16x2(x, 0x3f803f80u, 0xc308c308u);
   return mma::fma_bf16x2(q, s2, 0x80008000u);
 }

@@ -403,6 +403,10 @@ const MoeExpertTable& expert_table(GpuBackend& backend, std::span<const ops::Exp
     d.vec_gate_up = chunk_aligned(d.gate) && chunk_aligned(d.up) ? 1 : 0;
     d.vec_down = chunk_aligned(d.down) ? 1 : 0;
     table.all_vec = table.all_vec && d.vec_gate_up != 0 && d.vec_down != 0;
+    for (const DeviceWeight* w : {&d.gate, &d.up, &d.down})
+      if (w->format == ops::WeightFormat::Int4Group32)
+        table.scale_pairs = table.scale_pairs && reinterpret_cast<uintptr_t>(w->scale) % 4 == 0 &&
+                            w->scale_stride * int64_t(dtype_size(w->scale_dtype)) % 4 == 0;
   }
   if (!experts.empty()) {
     const size_t bytes = experts.size() * sizeof(DeviceExpert);
@@ -539,7 +543,7 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   // else the exact fp32 decode kernel. Depends on shapes, format and device only: graph-stable.
   if (moe_->tc_device < 0) moe_->tc_device = moe_tc_device_ok() ? 1 : 0;
   const bool use_tc = path == MoePath::Decode && options().gemm_precision == GemmPrecision::Bf16 &&
-                      moe_->tc_device == 1 && inter > 0 && table.all_vec &&
+                      moe_->tc_device == 1 && inter > 0 && table.all_vec && table.scale_pairs &&
                       moe_tc_shape_ok(table.format, hidden, inter);
   // Prefill in Bf16 mode: the tensor-core grouped GEMM where its constraint holds (gpu_moe_grouped_tc.h).
   static_assert(kMoeGroupedTcRows % moe::kBM == 0, "grouped tc CTAs cover whole plan tiles");

@@ -45,6 +45,7 @@ struct MoeExpertTable {
   int64_t hidden = 0, inter = 0;      // 0 when no expert is held
   MoeFormat format = MoeFormat::BF16;
   bool all_vec = true;                // every held expert's gate/up/down rows are 16-byte readable
+  bool scale_pairs = true;            // INT4: every scale row 4-byte aligned (the tc decode reads 2 groups' at once)
 };
 
 struct MoeState {
