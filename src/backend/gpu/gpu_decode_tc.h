@@ -8,10 +8,11 @@
 //   - CUDA build, device sm_80+ (moe_tc_device_ok); HIP: never;
 //   - format FP8 (128x128 block scales) or I4_BF16 (group 32);
 //   - MoE: hidden and inter multiples of 64 (FP8) / 128 (INT4) (moe_tc_shape_ok); every held
-//     expert's rows 16-byte readable (MoeExpertTable::all_vec);
+//     expert's rows 16-byte readable (MoeExpertTable::all_vec) and, INT4, scale rows 4-byte aligned
+//     (MoeExpertTable::scale_pairs);
 //   - dense: in a multiple of 64 (FP8) / 128 (INT4), out a multiple of 64, the weight's data and
 //     row starts 16-byte aligned, INT4 scale rows 8-byte aligned (dense_tc_weight_ok).
-// Any number of tokens works (8 token columns per pass; more re-stream the weights).
+// Any number of tokens works (MoE: 8 FP8 / 2 INT4 token columns per pass; more re-stream the weights).
 #pragma once
 
 #include <cstddef>
