@@ -13,6 +13,7 @@
 #include "core/status.h"
 
 #if MLA_GPU_CUDA
+#include "backend/gpu/gpu_decode_tc.cuh"
 #include "backend/gpu/gpu_mma.cuh"
 #endif
 
@@ -72,14 +73,8 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t w, bool hi) {
   return fma_bf16x2(x, 0x7b807b80u, 0x80008000u);
 }
 
-// Nibbles p and p + 4 of `w` as the bf16x2 (bf16(q_p s), bf16(q_{p+4} s)), q = nibble - 8:
-// 0x4300 | n is exactly 128 + n; fma(., 1, -136) = q exactly; fma(q, s, -0) rounds the exact q s
-// once to bf16 = weight_at's round_scale_dtype(q * s) (sign of zero included). s2 = (s, s).
-__device__ __forceinline__ uint32_t int4x2_to_bf16x2(uint32_t w, int p, uint32_t s2) {
-  const uint32_t x = ((w >> (4 * p)) & 0x000f000fu) | 0x43004300u;
-  const uint32_t q = fma_bf16x2(x, 0x3f803f80u, 0xc308c308u);
-  return fma_bf16x2(q, s2, 0x80008000u);
-}
+// INT4 nibble pairs as exact bf16(q s) (weight_at's value): the decode kernels' conversion.
+using decode_tc::int4x2_to_bf16x2;
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return uint32_t(f32_to_bf16_bits(lo)) | (uint32_t(f32_to_bf16_bits(hi)) << 16);
