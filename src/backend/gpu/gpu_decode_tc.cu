@@ -83,6 +83,8 @@ constexpr int kTileM = 16;                          // weight rows per warp (one
 constexpr int kCtaRows = kWarps * kTileM;           // 64 = kActChunk: a gate/up CTA owns one h chunk
 constexpr int kCols = 8;                            // mma n: FP8 token columns per pass
 constexpr int kI4Pass = 2;                          // INT4 tokens per pass: 2 tokens x 4 group columns
+// Token columns per pass of the expert kernel (its smem staging is sized for this many).
+constexpr int pass_cols(MoeFormat f) { return f == MoeFormat::FP8 ? kCols : kI4Pass; }
 static_assert(kCtaRows == kActChunk, "the FP8 h scale chunk is one gate/up CTA's rows");
 static_assert(kWarpSize == 32, "mma.sync fragments assume 32-lane warps");
 
@@ -209,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   constexpr int kBVec = kChunkK / 32;          // uint4 of 16-bit activations per lane per chunk
   constexpr int kSteps = kChunkK / 16;         // mma k16 steps per chunk
   constexpr int kRowUnit = kFp8 ? 1 : 4;       // bytes per data_stride unit
-  constexpr int kPass = kFp8 ? kCols : kI4Pass;  // token columns per pass
+  constexpr int kPass = pass_cols(F);
   constexpr int kAux = aux_per_chunk(F);
   extern __shared__ __align__(128) unsigned char moe_tc_smem[];
   const MoeStage sl = moe_stage(F, window, stage_cols);
@@ -470,7 +472,7 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   auto* h_aux = reinterpret_cast<float*>(base + l.h_aux);
   const int64_t hc = a.hidden / kActChunk, ic = a.inter / kActChunk;
   // aux entries per row: FP8 one per 64 k, INT4 one per 32-group.
-  const int64_t x_aux_stride = kFp8 ? hc : a.hidden / 32, h_aux_stride = kFp8 ? ic : a.inter / 32;
+  const int64_t x_aux_stride = kFp8 ? hc : a.hidden / kAuxK, h_aux_stride = kFp8 ? ic : a.inter / kAuxK;
 
   const dim3 gp(unsigned((hc + kWarps - 1) / kWarps), unsigned(a.tokens));
   launch_maybe_pdl(moe_tc_prep_kernel<kFp8>, gp, dim3(kThreads), 0, true, stream, a.x, a.x_stride, a.hidden, x16, a.hidden,
@@ -479,7 +481,7 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
 
   // Staging window: the whole K when a pass's columns (min(tokens, pass)) fit the budget, else the
   // largest multiple of the burst that does. An expert has at most `tokens` pairs.
-  const int cols = std::min(a.tokens, kFp8 ? kCols : kI4Pass);
+  const int cols = std::min(a.tokens, pass_cols(F));
   auto window_for = [&](int64_t chunks, int burst) {
     if (moe_stage(F, int(chunks), cols).bytes <= kMoeStageBudget) return int(chunks);
     int w = burst;
