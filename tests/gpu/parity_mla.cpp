@@ -284,12 +284,13 @@ TEST(GpuParityMla, AbsorbedTensorCoreGraphReplayContexts) {
 // Runs naive attention on the CPU and on `gpu_be` (the shared backend unless a test brings its own,
 // e.g. one in GemmPrecision::Bf16); `tol` null = tc_tolerance of the output.
 void naive_case_on(ops::Backend& gpu_be, std::mt19937& rng, const ops::MlaDims& d, const std::vector<SeqSpec>& seqs,
-                   DType cache_dtype, int block_size, const Tolerance* tol, const std::string& tag) {
+                   DType cache_dtype, int block_size, const Tolerance* tol, const std::string& tag,
+                   WeightKind kv_kind = WeightKind::BF16) {
   auto b = make_twin_batch(rng, seqs, block_size);
   const int64_t heads = d.num_heads, dqk = d.qk_nope_head_dim + d.qk_rope_head_dim, dv = d.v_head_dim;
   Twin cache = make_cache(rng, *b, cache_dtype, d.kv_dim());
   TwinWeight kv_b;
-  make_twin_weight(kv_b, rng, WeightKind::BF16, heads * (d.qk_nope_head_dim + dv), d.kv_lora_rank);
+  make_twin_weight(kv_b, rng, kv_kind, heads * (d.qk_nope_head_dim + dv), d.kv_lora_rank);
   Twin q = twin_random(rng, DType::F32, {b->tokens, heads, dqk + 3}).slice(2, 0, dqk);
   Twin out = twin_output(DType::F32, {b->tokens, heads, dv + 5}).slice(2, 0, dv);
   gpu_backend().synchronize();  // the inputs were uploaded on the shared backend's stream
@@ -299,8 +300,9 @@ void naive_case_on(ops::Backend& gpu_be, std::mt19937& rng, const ops::MlaDims& 
   }
   gpu_be.synchronize();
   EXPECT_TRUE(check_parity("mla_attention_naive" + tag,
-                           fmt::format("{} cache H {} dn/dr/dv/r {}/{}/{}/{} seqs {}", dtype_name(cache_dtype), heads,
-                                       d.qk_nope_head_dim, d.qk_rope_head_dim, dv, d.kv_lora_rank, seqs_name(seqs)),
+                           fmt::format("{} cache {} kv_b H {} dn/dr/dv/r {}/{}/{}/{} seqs {}", dtype_name(cache_dtype),
+                                       weight_kind_name(kv_kind), heads, d.qk_nope_head_dim, d.qk_rope_head_dim, dv,
+                                       d.kv_lora_rank, seqs_name(seqs)),
                            out, tol ? *tol : tc_tolerance(out)));
 }
 
@@ -351,15 +353,48 @@ TEST(GpuParityMla, NaiveTensorCoreBf16) {
       for (const auto& seqs : batches) naive_case_on(*be, rng, d, seqs, DType::BF16, 64, nullptr, " [bf16 tc]");
 }
 
+// Caps the tensor-core path's key chunk at 4096 (its default is 16384 below 32 heads) for a test's
+// scope, so cases of a few thousand keys cross chunk edges.
+struct NaiveChunkGuard {
+  NaiveChunkGuard() { gpu::set_naive_tc_max_key_chunk(4096); }
+  ~NaiveChunkGuard() { gpu::set_naive_tc_max_key_chunk(0); }
+};
+
 TEST(GpuParityMla, NaiveTensorCoreBf16ChunkEdges) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
   std::mt19937 rng(310);
-  // The tensor-core path's key chunk is 4096 at these sizes: 4097 and 8300 cross one and two chunk
-  // edges, so the running (max, sum, acc) is carried through the scratch; an F32 cache and block 16.
-  naive_case_on(*be, rng, mla_dims(3, 32, 16, 32, 64), {{40, 4200}, {1, 4097}, {200, 8300}, {7, 7}}, DType::F32, 16,
-                nullptr, " [bf16 tc]");
-  naive_case_on(*be, rng, deepseek_mla_dims(16), {{33, 4500}, {1, 1}}, DType::BF16, 64, nullptr, " [bf16 tc]");
+  {
+    // 4096-key chunks: 4097 and 8300 cross one and two chunk edges, so the running (max, sum, acc)
+    // is carried through the scratch; an F32 cache and block 16.
+    NaiveChunkGuard guard;
+    naive_case_on(*be, rng, mla_dims(3, 32, 16, 32, 64), {{40, 4200}, {1, 4097}, {200, 8300}, {7, 7}}, DType::F32, 16,
+                  nullptr, " [bf16 tc, 4096-key chunks]");
+    naive_case_on(*be, rng, deepseek_mla_dims(16), {{33, 4500}, {1, 1}}, DType::BF16, 64, nullptr,
+                  " [bf16 tc, 4096-key chunks]");
+  }
+  // The default 16384-key chunk: 16385 and 16500 cross its edge.
+  naive_case_on(*be, rng, mla_dims(2, 32, 16, 32, 64), {{1, 16385}, {20, 16500}, {5, 5}}, DType::BF16, 64, nullptr,
+                " [bf16 tc]");
+}
+
+// The chunk's bf16 keys come from per-head GEMMs with bf16 output (linear_heads_bf16) for Dense BF16,
+// FP8 and INT4 kv_b_proj (the weight rounded to bf16 first), and from linear's F32 output plus
+// naive_tc_pack for anything else (an F32 weight here). Each format at DeepSeek dims (the gather's
+// 16-byte rope copies) and at small dims where d_r = 16 / d_n = 32 and where d_r = 12 (scalar rope
+// copies), so both producers of the packed chunk meet the CPU reference.
+TEST(GpuParityMla, NaiveTensorCoreBf16WeightFormats) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  std::mt19937 rng(311);
+  for (WeightKind kind : {WeightKind::BF16, WeightKind::FP8, WeightKind::INT4_BF16, WeightKind::INT4_F32,
+                          WeightKind::F32}) {
+    naive_case_on(*be, rng, deepseek_mla_dims(16), {{70, 4200}, {5, 5}}, DType::BF16, 64, nullptr, " [bf16 tc]",
+                  kind);
+    naive_case_on(*be, rng, mla_dims(3, 32, 16, 32, 64), {{40, 300}, {1, 1}}, DType::F32, 16, nullptr,
+                  " [bf16 tc]", kind);
+    naive_case_on(*be, rng, mla_dims(2, 36, 12, 32, 64), {{20, 100}}, DType::BF16, 16, nullptr, " [bf16 tc]", kind);
+  }
 }
 
 // d_qk 192 / d_v 128 (DeepSeek-V3 / Kimi K2) run the fixed-dims kernel: 128-row CTAs of 4 warps x 32
@@ -372,6 +407,7 @@ TEST(GpuParityMla, NaiveTensorCoreBf16ChunkEdges) {
 TEST(GpuParityMla, NaiveTensorCoreBf16FixedDims) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
+  NaiveChunkGuard guard;  // the chunked cases below assume 4096-key chunks
   std::mt19937 rng(312);
   for (int heads : {1, 5})
     naive_case_on(*be, rng, deepseek_mla_dims(heads),
@@ -407,6 +443,7 @@ TEST(GpuParityMla, NaiveFixedDimsEachTensorCorePath) {
       continue;
     }
     NaivePathGuard guard(path);
+    NaiveChunkGuard chunks;  // " chunks": 4096-key chunks
     const std::string tag = wgmma ? " [bf16 wgmma]" : " [bf16 mma.sync]";
     std::mt19937 rng(313);
     for (int heads : {1, 5})

@@ -52,6 +52,18 @@ bool linear_tc(GpuBackend& backend, const TensorView& x, const ops::Weight& w, c
 bool linear_dequant_supports(const ops::Weight& w);
 bool linear_dequant_blas(GpuBackend& backend, const TensorView& x, const ops::Weight& w, const TensorView& out);
 
+// Internal (gpu_linear_blas.cu): the bf16 decompression of the tensor-core prefill (gpu_mla_naive.cu).
+// For every head h < heads, with W_h,a = rows [h (da + db), h (da + db) + da) of w and W_h,b the db
+// rows after them:
+//   out_a[h n ld_a + j ld_a + c] = bf16(x_j . W_h,a[c])  (c < da),  out_b likewise with W_h,b, ld_b,
+// x bf16 [n, in] contiguous; fp32 accumulation, one RNE rounding (W rounded to bf16 first for FP8 /
+// INT4, as DequantBlas does). Taken for Dense BF16, FP8 and INT4 weights in GemmPrecision::Bf16 on
+// CUDA (linear_heads_bf16_supports); returns false, having enqueued nothing, when it is not taken or
+// cuBLASLt has no algorithm, and the caller runs linear() instead.
+bool linear_heads_bf16_supports(const GpuBackend& backend, const ops::Weight& w);
+bool linear_heads_bf16(GpuBackend& backend, const uint16_t* x, int64_t n, const ops::Weight& w, int heads, int da,
+                       int db, uint16_t* out_a, int64_t ld_a, uint16_t* out_b, int64_t ld_b);
+
 // Test knob: caps the weight rows the DequantBlas path dequantizes per chunk on `backend` (a
 // GpuBackend), so small shapes exercise the chunk loop; 0 restores the scratch-budget default.
 void linear_set_dequant_chunk_rows(ops::Backend& backend, int64_t rows);

@@ -2,11 +2,15 @@
 // in chunks of 1024 positions; each chunk's latent rows are gathered, decompressed by this backend's
 // linear op into per-head [k_nope | v], and folded into a running (max, sum, acc) per (row, head) by
 // an fp32 flash-attention kernel (GemmPrecision::Fp32: exact, golden) or, under GemmPrecision::Bf16,
-// the tensor-core kernel of gpu_mla_naive_tc.cu over a bf16 copy of the chunk. Memory is bounded by
-// the chunk at any context (128K included); the price is one host loop iteration per (sequence,
-// chunk), fine for prefill, which is never captured.
+// the tensor-core kernel of gpu_mla_naive_tc.cu over a bf16 copy of the chunk. That copy comes
+// straight from per-head bf16 GEMMs (linear_heads_bf16: the latent gathered as bf16, the shared
+// k_rope replicated into every head's rows by the gather) where the weight's format allows, else from
+// linear's F32 output and naive_tc_pack. Memory is bounded by the chunk at any context (128K
+// included); the price is one host loop iteration per (sequence, chunk), fine for prefill, which is
+// never captured.
 #include <algorithm>
 
+#include "backend/gpu/gpu_linear.h"
 #include "backend/gpu/gpu_mla_common.cuh"
 #include "backend/gpu/gpu_mla_naive_tc.h"
 #include "backend/gpu/gpu_mla_state.h"
@@ -20,11 +24,15 @@ namespace {
 // per-chunk launches negligible.
 constexpr int64_t kNaiveKeyChunk = 1024;
 // The tensor-core path's chunk: as many keys as fit a 512 MB decompressed F32 chunk (+ 256 MB of its
-// bf16 copy), between 1024 and 4096 (4096 at H = 128, DeepSeek dims). Its kernel is ~10x faster, so
-// the per-chunk round trip of the running acc through `out` (T x H x d_v x 8 B: 0.5 GB at T = 4096,
-// H = 128, ~0.13 ms) would cost ~30% at 1024 keys; at 4096 it is ~4% of the chunk's ~3.4 ms.
+// bf16 copy), between 1024 and kNaiveTcMaxKeyChunk = 16384 (4096 at H = 128, 16384 at H <= 32,
+// DeepSeek dims). Its kernel is ~10x faster, so the per-chunk round trip of the running acc through
+// `out` (T x H x d_v x 8 B: 0.5 GB at T = 4096, H = 128, ~0.13 ms) would cost ~30% at 1024 keys; at
+// 4096 it is ~4% of the chunk's ~3.4 ms. At 16 heads a 4096-key chunk computes for only ~0.34 ms, so
+// its fixed costs (gather, decompression GEMMs, Q staging, the acc round trip, launches: ~55 us
+// measured, 2026-12-03) took ~16%; 16384-key chunks cut their count by 4 (and a 16K context runs as
+// one chunk, so its causal diagonal is no longer a chunk of its own with 1-32 key tiles per CTA).
 constexpr size_t kTcChunkBytes = size_t(512) << 20;
-constexpr int64_t kTcMaxKeyChunk = 4096;
+int64_t g_tc_max_key_chunk = kNaiveTcMaxKeyChunk;
 constexpr int kChunkThreads = 128;
 constexpr int kRowTile = 16;  // query rows of one head per block
 constexpr int kKeyTile = 16;  // keys staged in shared memory per step
@@ -41,6 +49,39 @@ __global__ void gather_rows_kernel(CacheView cache, const int32_t* __restrict__ 
   for (int64_t c = threadIdx.x; c < cache.kv_dim; c += blockDim.x) {
     const float v = cache_load(cache, row, c);
     if (c < rank) latent[j * rank + c] = v; else rope[j * d_r + (c - rank)] = v;
+  }
+}
+
+// The tensor-core path's gather: the cache rows of positions [j0, j0 + n) as bf16, the latent into
+// x16 [n, rank] (the decompression GEMM's operand) and k_rope into columns [d_n, d_qk) of every head's
+// row j of k16 [H][n][d_qk] (RNE from an F32 cache; a BF16 cache's bits unchanged). One block per
+// key; the rope row passes through shared memory (d_r bf16, 16-byte aligned) so the per-head copies
+// are 16-byte stores when d_n, d_qk and d_r are multiples of 8 (DeepSeek: 128 heads x 128 bytes).
+__global__ void gather_rows_bf16_kernel(CacheView cache, const int32_t* __restrict__ block_ids, int64_t block_base,
+                                        int64_t j0, int rank, int heads, int d_n, int64_t n, uint16_t* __restrict__ x16,
+                                        uint16_t* __restrict__ k16) {
+  extern __shared__ uint4 gather_smem[];
+  auto* rope_s = reinterpret_cast<uint16_t*>(gather_smem);
+  const int64_t j = blockIdx.x, pos = j0 + j;
+  const int64_t row = int64_t(block_ids[block_base + pos / cache.block_size]) * cache.block_size +
+                      pos % cache.block_size;
+  const int d_r = int(cache.kv_dim) - rank, dqk = d_n + d_r;
+  for (int c = int(threadIdx.x); c < cache.kv_dim; c += int(blockDim.x)) {
+    const uint16_t v = f32_to_bf16_bits(cache_load(cache, row, c));
+    if (c < rank) x16[j * rank + c] = v; else rope_s[c - rank] = v;
+  }
+  __syncthreads();
+  if (d_r % 8 == 0 && d_n % 8 == 0) {  // dqk % 8 == 0 too: every destination is 16-byte aligned
+    const int per_head = d_r / 8;
+    for (int idx = int(threadIdx.x); idx < heads * per_head; idx += int(blockDim.x)) {
+      const int h = idx / per_head, c = (idx - h * per_head) * 8;
+      *reinterpret_cast<uint4*>(k16 + (int64_t(h) * n + j) * dqk + d_n + c) = *reinterpret_cast<const uint4*>(rope_s + c);
+    }
+  } else {
+    for (int idx = int(threadIdx.x); idx < heads * d_r; idx += int(blockDim.x)) {
+      const int h = idx / d_r, c = idx - h * d_r;
+      k16[(int64_t(h) * n + j) * dqk + d_n + c] = rope_s[c];
+    }
   }
 }
 
@@ -195,6 +236,12 @@ void check_host_batch(const ops::AttentionBatch& batch, int64_t num_tokens, int6
 
 }  // namespace
 
+void set_naive_tc_max_key_chunk(int64_t keys) {
+  MLA_CHECK(keys == 0 || (keys >= 64 && keys % 64 == 0), "set_naive_tc_max_key_chunk: {} keys (want 0 or a multiple of 64)",
+            keys);
+  g_tc_max_key_chunk = keys == 0 ? kNaiveTcMaxKeyChunk : keys;
+}
+
 void GpuBackend::mla_attention_naive(const TensorView& q, const TensorView& cache, const ops::Weight& kv_b_proj,
                                      const ops::AttentionBatch& batch, const ops::MlaDims& dims,
                                      const TensorView& out) {
@@ -219,13 +266,14 @@ void GpuBackend::mla_attention_naive(const TensorView& q, const TensorView& cach
   MLA_CHECK(use_tc || smem <= 48 * 1024,
             "mla_attention_naive: head dims d_n {} d_r {} d_v {} too large for the chunk kernel", d_n, d_r, d_v);
   // Scratch: [latent (C x r) | rope (C x d_r) | kv (C x H (d_n + d_v)) | run_max (T x H) | run_sum (T x H)
-  //           | tc only: k bf16 (H x C x d_qk) | v bf16 (H x C x d_v)].
+  //           | tc only: k bf16 (H x C x d_qk) | v bf16 (H x C x d_v) | latent bf16 (C x r)].
+  // (latent, rope and kv are only written on the tc path when linear_heads_bf16 declines a chunk.)
   const int64_t longest = *std::max_element(batch.host_kv_lens.begin(), batch.host_kv_lens.end());
   const int64_t row_width = heads * (d_n + d_v);
   int64_t chunk_cap = kNaiveKeyChunk;
   if (use_tc)
     chunk_cap = std::clamp<int64_t>(int64_t(kTcChunkBytes / (size_t(row_width) * sizeof(float))) / 64 * 64,
-                                    kNaiveKeyChunk, kTcMaxKeyChunk);
+                                    std::min(kNaiveKeyChunk, g_tc_max_key_chunk), g_tc_max_key_chunk);
   const int64_t chunk = std::min(chunk_cap, std::max<int64_t>(longest, 1));
   auto align = [](size_t n) { return (n + 255) / 256 * 256; };
   const size_t latent_bytes = align(size_t(chunk * rank) * sizeof(float));
@@ -235,8 +283,9 @@ void GpuBackend::mla_attention_naive(const TensorView& q, const TensorView& cach
   const size_t state_bytes = align(size_t(num_tokens * heads) * sizeof(float));
   const size_t k16_bytes = use_tc ? align(size_t(heads * chunk * dqk) * 2) : 0;
   const size_t v16_bytes = use_tc ? align(size_t(heads * chunk * d_v) * 2) : 0;
+  const size_t x16_bytes = use_tc ? align(size_t(chunk * rank) * 2) : 0;
   char* base = static_cast<char*>(
-      mla_state().scratch.get(*this, rows_bytes + kv_bytes + 2 * state_bytes + k16_bytes + v16_bytes));
+      mla_state().scratch.get(*this, rows_bytes + kv_bytes + 2 * state_bytes + k16_bytes + v16_bytes + x16_bytes));
   float* latent = reinterpret_cast<float*>(base);
   float* rope = reinterpret_cast<float*>(base + latent_bytes);
   float* kv = reinterpret_cast<float*>(base + rows_bytes);
@@ -244,6 +293,8 @@ void GpuBackend::mla_attention_naive(const TensorView& q, const TensorView& cach
   float* run_sum = reinterpret_cast<float*>(base + rows_bytes + kv_bytes + state_bytes);
   uint16_t* k16 = reinterpret_cast<uint16_t*>(base + rows_bytes + kv_bytes + 2 * state_bytes);
   uint16_t* v16 = reinterpret_cast<uint16_t*>(base + rows_bytes + kv_bytes + 2 * state_bytes + k16_bytes);
+  uint16_t* x16 = reinterpret_cast<uint16_t*>(base + rows_bytes + kv_bytes + 2 * state_bytes + k16_bytes + v16_bytes);
+  const bool heads_bf16 = use_tc && linear_heads_bf16_supports(*this, kv_b_proj);
 
   NaiveTcArgs t{};
   t.q = q.as<const float>();
@@ -285,14 +336,25 @@ void GpuBackend::mla_attention_naive(const TensorView& q, const TensorView& cach
     a.first_pos = kv_len - q_len;
     for (int64_t j0 = 0; j0 < kv_len; j0 += chunk) {
       const int64_t n = std::min(chunk, kv_len - j0);
-      gather_rows_kernel<<<unsigned(n), kChunkThreads, 0, stream()>>>(
-          cv, batch.block_ids.as<const int32_t>(), batch.host_block_indptr[s], j0, int(rank), latent, rope);
-      MLA_GPU_LAUNCH_CHECK();
-      // kv[j] = kv_b_proj c_j: per head h, [k_nope (d_n) | v (d_v)] at offset h (d_n + d_v).
-      linear(TensorView::contiguous(latent, DType::F32, {n, rank}), kv_b_proj,
-             TensorView::contiguous(kv, DType::F32, {n, row_width}));
+      const int32_t* block_ids = batch.block_ids.as<const int32_t>();
+      bool packed = false;  // k16 / v16 hold the chunk (tc path only)
+      if (heads_bf16) {
+        gather_rows_bf16_kernel<<<unsigned(n), kChunkThreads, align(size_t(d_r) * 2), stream()>>>(
+            cv, block_ids, batch.host_block_indptr[s], j0, int(rank), int(heads), int(d_n), n, x16, k16);
+        MLA_GPU_LAUNCH_CHECK();
+        // k16[h][j][:d_n] = bf16(W_h,k_nope c_j), v16[h][j] = bf16(W_h,v c_j); k_rope is in place.
+        packed = linear_heads_bf16(*this, x16, n, kv_b_proj, int(heads), int(d_n), int(d_v), k16, dqk, v16, d_v);
+      }
+      if (!packed) {
+        gather_rows_kernel<<<unsigned(n), kChunkThreads, 0, stream()>>>(cv, block_ids, batch.host_block_indptr[s], j0,
+                                                                         int(rank), latent, rope);
+        MLA_GPU_LAUNCH_CHECK();
+        // kv[j] = kv_b_proj c_j: per head h, [k_nope (d_n) | v (d_v)] at offset h (d_n + d_v).
+        linear(TensorView::contiguous(latent, DType::F32, {n, rank}), kv_b_proj,
+               TensorView::contiguous(kv, DType::F32, {n, row_width}));
+      }
       if (use_tc) {
-        naive_tc_pack(kv, rope, n, int(heads), int(d_n), int(d_r), int(d_v), k16, v16, stream());
+        if (!packed) naive_tc_pack(kv, rope, n, int(heads), int(d_n), int(d_r), int(d_v), k16, v16, stream());
         t.q0 = q0;
         t.q_len = q_len;
         t.first_pos = kv_len - q_len;

@@ -29,6 +29,13 @@ struct NaiveTcArgs {
   bool first = false, last = false;
 };
 
+// The tensor-core path's longest key chunk: 16384, unless the F32 decompression budget of
+// gpu_mla_naive.cu gives fewer (4096 at 128 heads). Test knob: set_naive_tc_max_key_chunk(keys) caps
+// it (>= 64, a multiple of 64) so small cases cross chunk edges; 0 restores the default.
+// Process-wide, like set_naive_prefill_path.
+constexpr int64_t kNaiveTcMaxKeyChunk = 16384;
+void set_naive_tc_max_key_chunk(int64_t keys);
+
 // True when the constraints above hold on the current device.
 bool naive_tc_supported(int dqk, int dv);
 // Converts the decompressed chunk (kv F32 [n, H (d_n + d_v)], rope F32 [n, d_r], both contiguous) to
