@@ -13,6 +13,7 @@
 
 #include "backend/gpu/gpu_backend.h"
 #include "backend/gpu/gpu_mla_decode_sm90a.h"
+#include "backend/gpu/gpu_mla_decode_tc.h"
 #include "backend/gpu/gpu_mla_naive_sm90a.h"
 #include "bench_gpu.h"
 
@@ -88,16 +89,24 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   const double cache_bytes = double(seqs) * ctx * kKvDim * 2.0;
   // 128 heads twice more with the attention kernel forced: the sm_90a wgmma kernel (what Auto runs on
   // an H200) and the mma.sync kernel it replaced (0 = Auto, 1 = MmaSync, 2 = Wgmma).
-  const std::pair<int, int> runs[] = {{16, 0}, {16, 2}, {128, 0}, {128, 1}, {128, 2}, {12, 0}, {8, 0}};
+  // 16 heads also with the split partials merged by the separate combine kernel (the baseline of the
+  // mma.sync kernel's fused merge; `fused` false).
+  struct Run {
+    int heads, forced;
+    bool fused;
+  };
+  const Run runs[] = {{16, 0, true}, {16, 0, false}, {16, 2, true}, {128, 0, true}, {128, 1, true},
+                      {128, 2, true}, {12, 0, true},  {8, 0, true}};
   constexpr gpu::MlaDecodeKernel kForced[] = {gpu::MlaDecodeKernel::Auto, gpu::MlaDecodeKernel::MmaSync,
                                               gpu::MlaDecodeKernel::Wgmma};
   constexpr const char* kForcedTag[] = {"", " mma.sync", " wgmma"};
   bool first_case = true;
-  for (const auto& [heads, forced] : runs) {
+  for (const auto& [heads, forced, fused] : runs) {
     const auto kernel = kForced[forced];
     // Forced wgmma pads the heads to its 64-head tile.
     if (forced >= 2 && !gpu::mla_decode_sm90a_supported((heads + 63) / 64 * 64, kRank, kRope)) continue;
     gpu::set_mla_decode_kernel(*be, kernel);
+    gpu::set_mla_decode_fused_combine(*be, fused);
     const ops::MlaDims dims = dsv3_dims(heads);
     DevTensor q = dev_tensor(*be, DType::F32, {seqs, heads, kKvDim});
     DevTensor out = dev_tensor(*be, DType::F32, {seqs, heads, kRank});
@@ -115,16 +124,19 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
     const double gbps = cache_bytes / sec / 1e9;
     const double tflops = double(seqs) * 2.0 * heads * ctx * (kKvDim + kRank) / sec / 1e12;
     gpu::set_mla_decode_kernel(*be, gpu::MlaDecodeKernel::Auto);
-    const std::string name = fmt::format("absorbed decode, batch {} x ctx {}, {} heads{}{}", seqs, ctx, heads,
+    gpu::set_mla_decode_fused_combine(*be, true);
+    const std::string name = fmt::format("absorbed decode, batch {} x ctx {}, {} heads{}{}{}", seqs, ctx, heads,
                                          heads % 16 ? " (padded to 16)" : "",
-                                         forced ? fmt::format(" [{} forced]", kForcedTag[forced] + 1) : "");
+                                         forced ? fmt::format(" [{} forced]", kForcedTag[forced] + 1) : "",
+                                         fused ? "" : " [combine kernel]");
     if (heads == 128)
       report.add({"mla_decode", name, t.median_ms, tflops, "TFLOP/s", c.bf16_tflops, "bf16 GEMM", forced ? 0 : 0.6,
                   fmt::format("cache {:.0f} GB/s", gbps),
                   fmt::format("{}h{}", heads, kForcedTag[forced])});
     else
-      report.add({"mla_decode", name, t.median_ms, gbps, "GB/s", c.copy_gbps, "copy BW", heads == 16 && !forced ? 0.8 : 0,
-                  fmt::format("{:.1f} TFLOP/s; cache bytes only", tflops), fmt::format("{}h{}", heads, kForcedTag[forced])});
+      report.add({"mla_decode", name, t.median_ms, gbps, "GB/s", c.copy_gbps, "copy BW",
+                  heads == 16 && !forced && fused ? 0.8 : 0, fmt::format("{:.1f} TFLOP/s; cache bytes only", tflops),
+                  fmt::format("{}h{}{}", heads, kForcedTag[forced], fused ? "" : " combine")});
   }
   // Batch 1 at ctx 1100, 128 heads: the end-to-end single-stream decode's attention call (latency-
   // bound: 1.3 MB of cache, 0.3 GFLOP), per kernel. Rows in us per call, no ceiling; the cache of one
@@ -132,9 +144,10 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   // these are lower bounds.
   PagedBatch one;
   make_paged_batch(one, *be, 1, 1100, 1, 12);
-  for (const int forced : {0, 1, 2}) {
+  for (const int forced : {0, 1, 2, 3}) {  // 3: Auto with the combine kernel
     if (forced == 2 && !gpu::mla_decode_sm90a_supported(128, kRank, kRope)) continue;
-    gpu::set_mla_decode_kernel(*be, kForced[forced]);
+    gpu::set_mla_decode_kernel(*be, kForced[forced % 3]);
+    gpu::set_mla_decode_fused_combine(*be, forced != 3);
     const ops::MlaDims dims = dsv3_dims(128);
     DevTensor q = dev_tensor(*be, DType::F32, {1, 128, kKvDim});
     DevTensor out = dev_tensor(*be, DType::F32, {1, 128, kRank});
@@ -146,11 +159,13 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       be->mla_attention_absorbed(q.view, one.cache.view, one.batch, dims, out.view);
     });
     gpu::set_mla_decode_kernel(*be, gpu::MlaDecodeKernel::Auto);
-    report.add({"mla_decode",
-                fmt::format("absorbed decode, batch 1 x ctx 1100, 128 heads{}",
-                            forced ? fmt::format(" [{} forced]", kForcedTag[forced] + 1) : ""),
-                t.median_ms, t.median_ms * 1e3, "us", 0, "", 0, "latency-bound (e2e decode shape)",
-                fmt::format("b1 128h{}", kForcedTag[forced])});
+    gpu::set_mla_decode_fused_combine(*be, true);
+    const std::string tag = forced == 3 ? " [combine kernel]"
+                            : forced    ? fmt::format(" [{} forced]", kForcedTag[forced] + 1)
+                                        : std::string();
+    report.add({"mla_decode", fmt::format("absorbed decode, batch 1 x ctx 1100, 128 heads{}", tag), t.median_ms,
+                t.median_ms * 1e3, "us", 0, "", 0, "latency-bound (e2e decode shape)",
+                fmt::format("b1 128h{}", forced == 3 ? " combine" : kForcedTag[forced])});
   }
   report.print("mla_decode");
 }

@@ -13,6 +13,7 @@
 
 #include "backend/gpu/gpu_backend.h"
 #include "backend/gpu/gpu_mla.h"
+#include "backend/gpu/gpu_mla_decode_tc.h"
 #include "backend/gpu/gpu_mla_naive_sm90a.h"
 #include "gpu/parity.h"
 
@@ -236,6 +237,58 @@ TEST(GpuParityMla, AbsorbedTensorCoreLongContextAndMixed) {
       EXPECT_TRUE(check_parity("mla_absorbed tc", fmt::format("H {} seqs {}", heads, seqs_name(seqs)), out,
                                tc_tolerance(out)));
     }
+  }
+}
+
+// The mma.sync kernel's split bookkeeping: cache rows resolved from the block table incrementally
+// (block sizes 1, 7, 16 and 100 against 32- and 64-key units: several blocks per unit, units across
+// block edges) and the split merge done by the last CTA of each tile (fused) or by the combine
+// kernel. 5 tokens x 16 / 20 / 128 heads run 16-head CTAs on 64-key tiles with ~23 splits, so 2999 /
+// 1100 keys leave empty splits and 1 / 65 keys run direct; 64 tokens x 16 heads run two 32-key CTAs
+// per SM with 4 splits (ctx 560 = 9 tiles: split 3 is empty).
+struct FusedCombineGuard {
+  explicit FusedCombineGuard(bool fused) { gpu::set_mla_decode_fused_combine(gpu_backend(), fused); }
+  ~FusedCombineGuard() { gpu::set_mla_decode_fused_combine(gpu_backend(), true); }
+};
+
+TEST(GpuParityMla, AbsorbedTensorCoreSplitMergeAndBlockSizes) {
+  if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, deepseek_mla_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
+  std::mt19937 rng(314);
+  std::vector<SeqSpec> wide;
+  for (int i = 0; i < 64; ++i) wide.push_back({1, i == 5 ? 560 : 1 + int(rng() % 600)});
+  for (bool fused : {true, false}) {
+    FusedCombineGuard guard(fused);
+    for (int block_size : {1, 7, 16, 100}) {
+      for (int heads : {16, 20, 128}) {
+        const std::vector<SeqSpec> seqs = {{1, 2999}, {1, 1}, {1, 1100}, {1, 65}, {1, 130}};
+        auto b = make_twin_batch(rng, seqs, block_size);
+        const ops::MlaDims d = deepseek_mla_dims(heads);
+        Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
+        Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::TensorCore);
+        EXPECT_TRUE(check_parity("mla_absorbed tc", fmt::format("{} H {} bs {} seqs {}", fused ? "fused merge" : "combine",
+                                                                heads, block_size, seqs_name(seqs)),
+                                 out, tc_tolerance(out)));
+      }
+      auto b = make_twin_batch(rng, wide, block_size);
+      const ops::MlaDims d = deepseek_mla_dims(16);
+      Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
+      Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::TensorCore);
+      EXPECT_TRUE(check_parity("mla_absorbed tc", fmt::format("{} H 16 bs {} 64 tokens ctx <= 600", fused ? "fused merge" : "combine",
+                                                              block_size),
+                               out, tc_tolerance(out)));
+    }
+    // 32-head CTAs (the mma.sync kernel forced at 128 heads; 35 tokens x 4 tiles is just over one
+    // wave, so the grid splits).
+    std::vector<SeqSpec> seqs;
+    for (int i = 0; i < 35; ++i) seqs.push_back({1, 1 + int(rng() % 700)});
+    auto b = make_twin_batch(rng, seqs, 7);
+    const ops::MlaDims d = deepseek_mla_dims(128);
+    Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
+    gpu::set_mla_decode_kernel(gpu_backend(), gpu::MlaDecodeKernel::MmaSync);
+    Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::TensorCore);
+    gpu::set_mla_decode_kernel(gpu_backend(), gpu::MlaDecodeKernel::Auto);
+    EXPECT_TRUE(check_parity("mla_absorbed tc", fmt::format("{} H 128 mma.sync 35 tokens bs 7", fused ? "fused merge" : "combine"),
+                             out, tc_tolerance(out)));
   }
 }
 

@@ -106,6 +106,112 @@ __device__ __forceinline__ int splits_in_use(int tiles_total, int num_splits) {
 }
 
 
+// ---- the split merge ------------------------------------------------------------------------------
+// The weights of one (token, head) row's splits, as the combine kernel and the fused merge both use
+// them (split order, deterministic): coef[i] = 2^(m_i - M) for a split with l_i > 0 (M the largest
+// such m_i), -1 for an unused or empty split (whose O was never written); returns 1 / sum coef_i l_i
+// (0 when no split has a key: only for an invalid batch, kv_len < q_len). All (m, l) loads are issued
+// unrolled before use: one memory round trip. ld.cg (L2): other CTAs wrote them during this grid or
+// the one before.
+__device__ __forceinline__ float split_weights(const float* __restrict__ ws_ml, size_t rows, size_t row, int used,
+                                               float (&coef)[kMaxSplits]) {
+  float m[kMaxSplits], l[kMaxSplits];
+#pragma unroll
+  for (int i = 0; i < kMaxSplits; ++i) {
+    m[i] = kNegInf;
+    l[i] = 0.0f;
+    if (i < used) {
+      const float2 ml = __ldcg(reinterpret_cast<const float2*>(ws_ml + (size_t(i) * rows + row) * 2));
+      m[i] = ml.x;
+      l[i] = ml.y;
+    }
+  }
+  float big_m = kNegInf;
+#pragma unroll
+  for (int i = 0; i < kMaxSplits; ++i)
+    if (l[i] > 0.0f) big_m = fmaxf(big_m, m[i]);
+  float den = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxSplits; ++i) {
+    coef[i] = -1.0f;
+    if (l[i] > 0.0f) {
+      coef[i] = exp2f(m[i] - big_m);
+      den += coef[i] * l[i];
+    }
+  }
+  return den > 0.0f ? 1.0f / den : 0.0f;
+}
+
+// The fused merge, called by every CTA of a split tile (split < used, not direct) after it wrote its
+// partial: the CTA that takes the tile's last ticket merges all `used` partials into `out` (and
+// resets the ticket for the next call); the others return. Ordering: each thread fences its partial
+// stores device-wide before the barrier that precedes the ticket, and the last CTA fences again
+// before its ld.cg reads (the threadfence-reduction pattern). Cost on the critical path: the last
+// CTA's merge only (two L2 round trips for the weights, then used / kIStep rounds of O loads), where
+// the combine kernel adds a launch, a wait for the whole grid and its own two round trips.
+// coef_s: kMaxSplits * kHeads + kHeads floats of shared memory no warp uses any more.
+template <int kHeads>
+__device__ void merge_if_last(const MlaDecodeTcArgs& a, int token, int head0, int used, const float* ws_o,
+                              const float* ws_ml, float* coef_s, unsigned& last_s) {
+  const int tid = int(threadIdx.x);
+  __threadfence();
+  __syncthreads();
+  unsigned* ticket = a.tickets + size_t(token) * size_t(a.num_heads / kMlaTcHeadTile) + size_t(head0 / kMlaTcHeadTile);
+  if (tid == 0) last_s = atomicAdd(ticket, 1u) == unsigned(used - 1) ? 1u : 0u;
+  __syncthreads();
+  if (last_s == 0u) return;
+  __threadfence();
+  if (tid == 0) *ticket = 0u;  // every CTA of the tile has taken its ticket
+  const size_t rows = size_t(a.num_tokens) * size_t(a.num_heads);
+  const size_t row0 = size_t(token) * size_t(a.num_heads) + size_t(head0);
+  float* inv_s = coef_s + kMaxSplits * kHeads;
+  if (tid < kHeads) {
+    float coef[kMaxSplits];
+    inv_s[tid] = split_weights(ws_ml, rows, row0 + size_t(tid), used, coef);
+#pragma unroll
+    for (int i = 0; i < kMaxSplits; ++i) coef_s[i * kHeads + tid] = coef[i];
+  }
+  __syncthreads();
+  // Thread tid owns float4 columns of kItems (row, col) items; 16 float4 loads in flight per round.
+  constexpr int kVecs = kRank / 4, kItems = kHeads * kVecs / kThreads, kIStep = kItems <= 8 ? 2 : 1;
+  static_assert(kHeads * kVecs % kThreads == 0 && kThreads % kVecs == 0);
+  float4 acc[kItems];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) acc[it] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int col = (tid % kVecs) * 4, r0 = tid / kVecs;
+  for (int i = 0; i < used; i += kIStep) {
+    float4 v[kIStep][kItems];
+    float w[kIStep][kItems];
+#pragma unroll
+    for (int s = 0; s < kIStep; ++s)
+#pragma unroll
+      for (int it = 0; it < kItems; ++it) {
+        const int r = r0 + it * (kThreads / kVecs);
+        w[s][it] = i + s < used ? coef_s[(i + s) * kHeads + r] : -1.0f;
+        v[s][it] = w[s][it] >= 0.0f
+                       ? __ldcg(reinterpret_cast<const float4*>(ws_o + (size_t(i + s) * rows + row0 + size_t(r)) * kRank + col))
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+    for (int s = 0; s < kIStep; ++s)
+#pragma unroll
+      for (int it = 0; it < kItems; ++it) {
+        if (w[s][it] < 0.0f) continue;  // unused or empty split: contributes nothing (as in the combine)
+        acc[it].x += w[s][it] * v[s][it].x;
+        acc[it].y += w[s][it] * v[s][it].y;
+        acc[it].z += w[s][it] * v[s][it].z;
+        acc[it].w += w[s][it] * v[s][it].w;
+      }
+  }
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int r = r0 + it * (kThreads / kVecs);
+    const float inv = inv_s[r];
+    float* out = a.out + int64_t(token) * a.out_row_stride + int64_t(head0 + r) * a.out_head_stride + col;
+    out[0] = acc[it].x * inv; out[1] = acc[it].y * inv; out[2] = acc[it].z * inv; out[3] = acc[it].w * inv;
+  }
+}
+
 // ---- the attention kernel -------------------------------------------------------------------------
 // Napkin math per CTA and U-key unit: cache bytes U * 1152; FLOPs 2 * 16M * U * (576 + 512) (16
 // heads: 30 FLOP/B, memory-bound; 128 heads = 8/M CTAs per token share the unit through L2:
@@ -137,6 +243,8 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   float* alpha_s = reinterpret_cast<float*>(smem + G::kKvBytes + G::kRedBytes + G::kPBytes);  // [kHeads]
   float* m_s = alpha_s + kHeads;                                              // [kHeads] running max (log2)
   float* l_s = m_s + kHeads;                                                  // [kHeads] running sum
+  __shared__ unsigned last_s;  // fused merge: this CTA took its tile's last ticket
+  static_assert((kMaxSplits + 1) * kHeads * 4 <= G::kKvBytes, "the merge's weights fit the ring");
 
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -164,9 +272,12 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
     if (direct) {  // only for an invalid batch (kv_len < q_len): no keys, write zeros
       for (int i = tid; i < kHeads * kRank; i += kThreads)
         a.out[int64_t(token) * a.out_row_stride + int64_t(head0 + i / kRank) * a.out_head_stride + i % kRank] = 0.0f;
-    } else if (tid < kHeads) {
-      ws_ml[(part_row + size_t(tid)) * 2 + 0] = kNegInf;
-      ws_ml[(part_row + size_t(tid)) * 2 + 1] = 0.0f;
+    } else {
+      if (tid < kHeads) {
+        ws_ml[(part_row + size_t(tid)) * 2 + 0] = kNegInf;
+        ws_ml[(part_row + size_t(tid)) * 2 + 1] = 0.0f;
+      }
+      if (a.tickets) merge_if_last<kHeads>(a, token, head0, used, ws_o, ws_ml, reinterpret_cast<float*>(smem), last_s);
     }
     return;
   }
@@ -177,16 +288,31 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   const int unit_end = min(tile_end * (kKeys / kUnit), (limit + kUnit - 1) / kUnit);
 
   const int block_base = a.block_indptr[seq];
-  // The cache row of row `lane` of this warp's share of `unit` (lanes < kLoadRowsPerWarp; -1 past
-  // `limit` or past unit_end). Resolved one unit before its copies are issued: the block-table load
-  // then flies while a unit computes instead of stalling the warp in front of its cp.async.
-  auto resolve_row = [&](int unit) {
-    int slot = -1;
-    if (lane < kLoadRowsPerWarp && unit < unit_end) {
-      const int pos = unit * kUnit + warp * kLoadRowsPerWarp + lane;
-      if (pos < limit) slot = a.block_ids[block_base + pos / a.block_size] * a.block_size + pos % a.block_size;
+  // Row `lane` (lanes < kLoadRowsPerWarp) of this warp's share of the units, resolved in order
+  // unit_begin, unit_begin + 1, ... one unit before its copies are issued: (block id, in-block
+  // offset), block id -1 past `limit` or past unit_end. The block-table load then flies while a unit
+  // computes, and the slot's multiply waits in load_unit, a unit later (placed right after the load,
+  // as it was, it stalled the warp on the load: 3.6% of the stall samples, ncu 2026-12-03). The
+  // block-table index and offset advance by kUnit positions per unit: no division in the loop (the
+  // run-time pos / block_size took another ~4%).
+  int res_unit = unit_begin, res_idx, res_off;
+  {
+    const int pos = unit_begin * kUnit + warp * kLoadRowsPerWarp + lane;
+    res_idx = pos / a.block_size;
+    res_off = pos - res_idx * a.block_size;
+  }
+  auto resolve_next = [&]() {
+    int2 ref = make_int2(-1, 0);
+    if (lane < kLoadRowsPerWarp && res_unit < unit_end &&
+        res_unit * kUnit + warp * kLoadRowsPerWarp + lane < limit)
+      ref = make_int2(a.block_ids[block_base + res_idx], res_off);
+    ++res_unit;
+    res_off += kUnit;
+    while (res_off >= a.block_size) {
+      res_off -= a.block_size;
+      ++res_idx;
     }
-    return slot;
+    return ref;
   };
   // Issues the cp.async copies of `unit` into ring stage `stage` as one commit group: warp w copies
   // rows [R w, R w + R), R = kLoadRowsPerWarp, whose cache rows its lanes < R hold in `my_row` (slot <
@@ -198,7 +324,8 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   // buffers: 16 heads fell from 65% of copy bandwidth to 47-60%; not used.)
   const char* cache_bytes = reinterpret_cast<const char*>(a.cache) + lane * 16;
   const uint32_t kv_base = smem_addr(kv_s) + uint32_t((warp * kLoadRowsPerWarp * kRowElems) * 2 + lane * 16);
-  auto load_unit = [&](int stage, int unit, int my_row) {
+  auto load_unit = [&](int stage, int unit, int2 ref) {
+    const int my_row = ref.x >= 0 ? ref.x * a.block_size + ref.y : -1;
     if (unit < unit_end) {
       const uint32_t dst = kv_base + uint32_t(stage * kUnitBytes);
 #pragma unroll
@@ -217,8 +344,8 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
 
   // The ring's first kStages - 1 units overlap with the Q staging below.
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) load_unit(i, unit_begin + i, resolve_row(unit_begin + i));
-  int next_row = resolve_row(unit_begin + kStages - 1);  // for the first iteration's copies
+  for (int i = 0; i < kStages - 1; ++i) load_unit(i, unit_begin + i, resolve_next());
+  int2 next_row = resolve_next();  // unit_begin + kStages - 1, for the first iteration's copies
 
   // Stage Q (kHeads x 576, fp32 -> bf16) and take this warp's A fragments into registers. The
   // vector path issues all of a thread's float4 loads (9 or 18) before converting any: one memory
@@ -275,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
     cp_async_wait<kStages - 2>();  // this thread's copies of `unit` landed (newer groups may fly)
     __syncthreads();  // (A) unit visible; every warp is done with the previous unit's slot and with q_s
     load_unit((slot + kStages - 1) % kStages, unit + kStages - 1, next_row);  // unit - 1's stage, read before (A)
-    next_row = resolve_row(unit + kStages);
+    next_row = resolve_next();  // unit + kStages
     const uint16_t* kt = kv_s + size_t(slot) * kUnit * kRowElems;
     const int j0 = unit * kUnit;
 
@@ -444,6 +571,8 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
     ws_ml[(part_row + size_t(tid)) * 2 + 0] = m_s[tid];
     ws_ml[(part_row + size_t(tid)) * 2 + 1] = l_s[tid];
   }
+  // The ring (kv_s) is free once every warp passed the merge's barrier (its last P V is done).
+  if (!direct && a.tickets) merge_if_last<kHeads>(a, token, head0, used, ws_o, ws_ml, reinterpret_cast<float*>(smem), last_s);
 }
 
 // Merges the split partials of one (token, head) row in split order (deterministic):
@@ -465,34 +594,15 @@ __global__ void __launch_bounds__(kRank / 4) mla_decode_tc_combine_kernel(MlaDec
   const size_t row = size_t(token) * size_t(a.num_heads) + size_t(head);
   const float* ws_o = static_cast<const float*>(a.workspace);
   const float* ws_ml = ws_o + size_t(num_splits) * rows * kRank;
-  // ld.cg (L2): the partials were written by a grid that overlapped this one's start.
-  float m[kMaxSplits], l[kMaxSplits];
-#pragma unroll
-  for (int i = 0; i < kMaxSplits; ++i) {
-    m[i] = kNegInf;
-    l[i] = 0.0f;
-    if (i < used) {
-      const float2 ml = __ldcg(reinterpret_cast<const float2*>(ws_ml + (size_t(i) * rows + row) * 2));
-      m[i] = ml.x;
-      l[i] = ml.y;
-    }
-  }
-  float big_m = kNegInf;
-#pragma unroll
-  for (int i = 0; i < kMaxSplits; ++i)
-    if (l[i] > 0.0f) big_m = fmaxf(big_m, m[i]);
+  float coef[kMaxSplits];
+  const float inv = split_weights(ws_ml, rows, row, used, coef);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float den = 0.0f;
 #pragma unroll
   for (int i = 0; i < kMaxSplits; ++i) {
-    if (!(l[i] > 0.0f)) continue;  // unused or empty split: its O was never written
-    const float w = exp2f(m[i] - big_m);
+    if (coef[i] < 0.0f) continue;  // unused or empty split: its O was never written
     const float4 v = __ldcg(reinterpret_cast<const float4*>(ws_o + (size_t(i) * rows + row) * kRank + col));
-    acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
-    den += w * l[i];
+    acc.x += coef[i] * v.x; acc.y += coef[i] * v.y; acc.z += coef[i] * v.z; acc.w += coef[i] * v.w;
   }
-  // A valid batch gives every query >= 1 key, so some split has l > 0; zeros otherwise (kv_len < q_len).
-  const float inv = den > 0.0f ? 1.0f / den : 0.0f;
   float* out = a.out + int64_t(token) * a.out_row_stride + int64_t(head) * a.out_head_stride + col;
   out[0] = acc.x * inv; out[1] = acc.y * inv; out[2] = acc.z * inv; out[3] = acc.w * inv;
 }
@@ -634,7 +744,8 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream) {
       case TcVariant::M1U32S2x2: launch_attention<1, 32, 2, 2>(args, splits, q_vec, stream); break;
     }
   }
-  if (splits > 1) launch_combine(args, splits, stream);
+  // The mma.sync kernel merges split partials itself when given tickets.
+  if (splits > 1 && (plan.wgmma || args.tickets == nullptr)) launch_combine(args, splits, stream);
 }
 
 #else  // HIP: no mma.sync; the dispatcher takes the generic path.

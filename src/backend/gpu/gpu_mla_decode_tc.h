@@ -55,6 +55,11 @@ struct MlaDecodeTcArgs {
   float* out = nullptr;             // [T, num_heads, kv_lora_rank], row stride out_row_stride
   int64_t out_row_stride = 0, out_head_stride = 0;
   void* workspace = nullptr;        // mla_decode_tc_workspace_bytes() bytes
+  // Split-KV merge in the attention kernel (mma.sync kernel only): a ticket per (token, 16-head tile),
+  // [num_tokens * num_heads / kMlaTcHeadTile] counters, zero before the call and left zero after it.
+  // The CTA that takes a tile's last ticket merges its splits' partials, so no combine kernel runs.
+  // Null: the combine kernel merges them (always so for the wgmma kernel).
+  unsigned* tickets = nullptr;
   MlaDecodeKernel kernel = MlaDecodeKernel::Auto;  // the workspace size depends on it
 };
 
@@ -79,5 +84,9 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream);
 // where mla_decode_sm90a_supported is false. Not to be changed while a graph captured with the other
 // setting is replayed (the captured launches keep theirs).
 void set_mla_decode_kernel(ops::Backend& gpu, MlaDecodeKernel kernel);
+// Bench / test knob: false makes mla_attention_absorbed on `gpu` pass no tickets, so split partials
+// are merged by the separate combine kernel (the A/B baseline); true (the default) merges them in the
+// mma.sync kernel's last CTA per tile. Same rule as above while graphs replay.
+void set_mla_decode_fused_combine(ops::Backend& gpu, bool fused);
 
 }  // namespace mla::gpu

@@ -25,6 +25,11 @@ struct MlaState {
   // The absorbed decode's attention kernel on the tensor-core path (set_mla_decode_kernel): Auto in
   // service; tests and benchmarks force MmaSync or Wgmma to cover and compare both.
   MlaDecodeKernel decode_kernel = MlaDecodeKernel::Auto;
+  // The mma.sync decode kernel's split-merge tickets (MlaDecodeTcArgs::tickets): zero-filled when
+  // (re)allocated and left zero by every call; sized by shapes only (an eager step sizes it for its
+  // captured replays). decode_fused_combine false (set_mla_decode_fused_combine) passes none.
+  Scratch decode_tickets;
+  bool decode_fused_combine = true;
 };
 
 }  // namespace mla::gpu
