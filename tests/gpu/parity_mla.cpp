@@ -242,10 +242,12 @@ TEST(GpuParityMla, AbsorbedTensorCoreLongContextAndMixed) {
 
 // The mma.sync kernel's split bookkeeping: cache rows resolved from the block table incrementally
 // (block sizes 1, 7, 16 and 100 against 32- and 64-key units: several blocks per unit, units across
-// block edges) and the split merge done by the last CTA of each tile (fused) or by the combine
-// kernel. 5 tokens x 16 / 20 / 128 heads run 16-head CTAs on 64-key tiles with ~23 splits, so 2999 /
-// 1100 keys leave empty splits and 1 / 65 keys run direct; 64 tokens x 16 heads run two 32-key CTAs
-// per SM with 4 splits (ctx 560 = 9 tiles: split 3 is empty).
+// block edges) and the split merge, done by the last CTA of each tile where the grid has <= 4
+// splits (fused on) or by the combine kernel. The geometries (split counts from num_splits_for on
+// 132 SMs): 5 tokens x 16 / 20 / 128 heads, ~14-23 splits (always the combine kernel), 2999 / 1100
+// keys leave empty splits and 1 / 65 keys run direct; 64 tokens x 16 heads, two 32-key CTAs per SM
+// with 4 splits (ctx 560 = 9 tiles: split 3 is empty); 32 tokens x 16 heads, one 64-key CTA per SM
+// with 4 splits; 40 tokens x 128 heads with the mma.sync kernel forced, 32-head CTAs with 3 splits.
 struct FusedCombineGuard {
   explicit FusedCombineGuard(bool fused) { gpu::set_mla_decode_fused_combine(gpu_backend(), fused); }
   ~FusedCombineGuard() { gpu::set_mla_decode_fused_combine(gpu_backend(), true); }
@@ -254,41 +256,32 @@ struct FusedCombineGuard {
 TEST(GpuParityMla, AbsorbedTensorCoreSplitMergeAndBlockSizes) {
   if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, deepseek_mla_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
   std::mt19937 rng(314);
-  std::vector<SeqSpec> wide;
-  for (int i = 0; i < 64; ++i) wide.push_back({1, i == 5 ? 560 : 1 + int(rng() % 600)});
+  auto decode_rows = [&](int tokens, int max_ctx) {
+    std::vector<SeqSpec> seqs;
+    for (int i = 0; i < tokens; ++i) seqs.push_back({1, i == 5 ? 560 : 1 + int(rng() % unsigned(max_ctx))});
+    return seqs;
+  };
+  auto run_case = [&](const std::vector<SeqSpec>& seqs, int heads, int block_size, const std::string& what) {
+    auto b = make_twin_batch(rng, seqs, block_size);
+    const ops::MlaDims d = deepseek_mla_dims(heads);
+    Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
+    Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::TensorCore);
+    EXPECT_TRUE(check_parity("mla_absorbed tc", fmt::format("{} H {} bs {}", what, heads, block_size), out,
+                             tc_tolerance(out)));
+  };
+  const std::vector<SeqSpec> wide = decode_rows(64, 600), mid = decode_rows(32, 900), big = decode_rows(40, 700);
   for (bool fused : {true, false}) {
     FusedCombineGuard guard(fused);
+    const std::string tag = fused ? "fused on" : "fused off";
     for (int block_size : {1, 7, 16, 100}) {
-      for (int heads : {16, 20, 128}) {
-        const std::vector<SeqSpec> seqs = {{1, 2999}, {1, 1}, {1, 1100}, {1, 65}, {1, 130}};
-        auto b = make_twin_batch(rng, seqs, block_size);
-        const ops::MlaDims d = deepseek_mla_dims(heads);
-        Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
-        Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::TensorCore);
-        EXPECT_TRUE(check_parity("mla_absorbed tc", fmt::format("{} H {} bs {} seqs {}", fused ? "fused merge" : "combine",
-                                                                heads, block_size, seqs_name(seqs)),
-                                 out, tc_tolerance(out)));
-      }
-      auto b = make_twin_batch(rng, wide, block_size);
-      const ops::MlaDims d = deepseek_mla_dims(16);
-      Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
-      Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::TensorCore);
-      EXPECT_TRUE(check_parity("mla_absorbed tc", fmt::format("{} H 16 bs {} 64 tokens ctx <= 600", fused ? "fused merge" : "combine",
-                                                              block_size),
-                               out, tc_tolerance(out)));
+      const std::vector<SeqSpec> few = {{1, 2999}, {1, 1}, {1, 1100}, {1, 65}, {1, 130}};
+      for (int heads : {16, 20, 128}) run_case(few, heads, block_size, tag + " seqs " + seqs_name(few));
+      run_case(wide, 16, block_size, tag + " 64 tokens ctx <= 600");
     }
-    // 32-head CTAs (the mma.sync kernel forced at 128 heads; 35 tokens x 4 tiles is just over one
-    // wave, so the grid splits).
-    std::vector<SeqSpec> seqs;
-    for (int i = 0; i < 35; ++i) seqs.push_back({1, 1 + int(rng() % 700)});
-    auto b = make_twin_batch(rng, seqs, 7);
-    const ops::MlaDims d = deepseek_mla_dims(128);
-    Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
+    run_case(mid, 16, 16, tag + " 32 tokens ctx <= 900");
     gpu::set_mla_decode_kernel(gpu_backend(), gpu::MlaDecodeKernel::MmaSync);
-    Twin out = run_absorbed(rng, *b, cache, d, gpu::MlaAttnPath::TensorCore);
+    run_case(big, 128, 7, tag + " mma.sync 40 tokens ctx <= 700");
     gpu::set_mla_decode_kernel(gpu_backend(), gpu::MlaDecodeKernel::Auto);
-    EXPECT_TRUE(check_parity("mla_absorbed tc", fmt::format("{} H 128 mma.sync 35 tokens bs 7", fused ? "fused merge" : "combine"),
-                             out, tc_tolerance(out)));
   }
 }
 

@@ -735,17 +735,25 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream) {
   // float4 loads of q need 16-byte rows; otherwise the scalar staging loop (same values).
   const int q_vec = reinterpret_cast<uintptr_t>(args.q) % 16 == 0 && args.q_row_stride % 4 == 0 &&
                     args.q_head_stride % 4 == 0;
+  // The mma.sync kernel merges split partials itself (given tickets) where the grid has at most
+  // kFusedMaxSplits splits: its last CTA per tile reads the partials in rounds of two splits, so with
+  // many splits the combine kernel's spread over one CTA per row wins. Measured on the H200
+  // (2026-12-03, mla-decode bench, same process): batch 64 x 16 heads (4 splits) 93.9 us fused
+  // against 96.7 us with the combine kernel; batch 1 x 128 heads at ctx 1100 (14 splits, 9 in use)
+  // 19.3 us fused against 17.9 us.
+  constexpr int kFusedMaxSplits = 4;
+  MlaDecodeTcArgs k = args;
+  if (plan.wgmma || splits > kFusedMaxSplits) k.tickets = nullptr;
   if (plan.wgmma) {
-    mla_decode_sm90a_attention(args, splits, q_vec, stream);
+    mla_decode_sm90a_attention(k, splits, q_vec, stream);
   } else {
     switch (plan.variant) {
-      case TcVariant::M2U64S2: launch_attention<2, 64, 2, 1>(args, splits, q_vec, stream); break;
-      case TcVariant::M1U64S2: launch_attention<1, 64, 2, 1>(args, splits, q_vec, stream); break;
-      case TcVariant::M1U32S2x2: launch_attention<1, 32, 2, 2>(args, splits, q_vec, stream); break;
+      case TcVariant::M2U64S2: launch_attention<2, 64, 2, 1>(k, splits, q_vec, stream); break;
+      case TcVariant::M1U64S2: launch_attention<1, 64, 2, 1>(k, splits, q_vec, stream); break;
+      case TcVariant::M1U32S2x2: launch_attention<1, 32, 2, 2>(k, splits, q_vec, stream); break;
     }
   }
-  // The mma.sync kernel merges split partials itself when given tickets.
-  if (splits > 1 && (plan.wgmma || args.tickets == nullptr)) launch_combine(args, splits, stream);
+  if (splits > 1 && k.tickets == nullptr) launch_combine(k, splits, stream);
 }
 
 #else  // HIP: no mma.sync; the dispatcher takes the generic path.

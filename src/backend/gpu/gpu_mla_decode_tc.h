@@ -55,10 +55,11 @@ struct MlaDecodeTcArgs {
   float* out = nullptr;             // [T, num_heads, kv_lora_rank], row stride out_row_stride
   int64_t out_row_stride = 0, out_head_stride = 0;
   void* workspace = nullptr;        // mla_decode_tc_workspace_bytes() bytes
-  // Split-KV merge in the attention kernel (mma.sync kernel only): a ticket per (token, 16-head tile),
-  // [num_tokens * num_heads / kMlaTcHeadTile] counters, zero before the call and left zero after it.
-  // The CTA that takes a tile's last ticket merges its splits' partials, so no combine kernel runs.
-  // Null: the combine kernel merges them (always so for the wgmma kernel).
+  // Split-KV merge in the attention kernel: a ticket per (token, 16-head tile), [num_tokens *
+  // num_heads / kMlaTcHeadTile] counters, zero before the call and left zero after it. Where the
+  // mma.sync kernel runs with at most 4 splits, the CTA that takes a tile's last ticket merges its
+  // splits' partials and no combine kernel runs. Null (and for the wgmma kernel or more splits): the
+  // combine kernel merges them.
   unsigned* tickets = nullptr;
   MlaDecodeKernel kernel = MlaDecodeKernel::Auto;  // the workspace size depends on it
 };
