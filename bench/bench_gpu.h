@@ -129,6 +129,7 @@ double cublas_bf16_gemm_ms(gpu::Stream stream, int64_t m, int64_t n, int64_t k, 
 // The benchmarks (each adds rows and prints its table).
 struct BenchOptions {
   bool quick = false;                      // fewer cases / reps (a smoke run)
+  std::vector<int> decode_contexts;  // mla-decode: more contexts for the 16-head row (batch 64)
   std::vector<int> prefill_contexts = {16384, 32768, 65536, 131072};
   int prefill_query_chunk = 4096;          // queries at the end of the context; 0 = the whole context
   std::string model_dir;                   // e2e: a make-model output

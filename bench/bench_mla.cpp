@@ -138,6 +138,27 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
                   heads == 16 && !forced && fused ? 0.8 : 0, fmt::format("{:.1f} TFLOP/s; cache bytes only", tflops),
                   fmt::format("{}h{}{}", heads, kForcedTag[forced], fused ? "" : " combine")});
   }
+  // The 16-head row at other contexts (--decode-contexts): per call the op adds fixed costs (its
+  // launch, the first loads, the tail) to a bytes / bandwidth term; longer contexts show the rate the
+  // kernel streams at.
+  for (const int dctx : o.decode_contexts) {
+    PagedBatch pd;
+    make_paged_batch(pd, *be, seqs, dctx, 1, 21);
+    const ops::MlaDims dims = dsv3_dims(16);
+    DevTensor q = dev_tensor(*be, DType::F32, {seqs, 16, kKvDim});
+    DevTensor out = dev_tensor(*be, DType::F32, {seqs, 16, kRank});
+    fill_random(q.view, 116, -1, 1, s);
+    TimingPlan plan;
+    plan.max_reps = o.quick ? 20 : 200;
+    plan.budget_ms = o.quick ? 100 : 1000;
+    const Timing t = time_on_stream(s, plan, [&](int) {
+      be->mla_attention_absorbed(q.view, pd.cache.view, pd.batch, dims, out.view);
+    });
+    const double bytes = double(seqs) * dctx * kKvDim * 2.0;
+    report.add({"mla_decode", fmt::format("absorbed decode, batch {} x ctx {}, 16 heads", seqs, dctx), t.median_ms,
+                bytes / (t.median_ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW", 0, "cache bytes only",
+                fmt::format("16h ctx {}", dctx)});
+  }
   // Batch 1 at ctx 1100, 128 heads: the end-to-end single-stream decode's attention call (latency-
   // bound: 1.3 MB of cache, 0.3 GFLOP), per kernel. Rows in us per call, no ceiling; the cache of one
   // sequence stays in L2 across repetitions, as it does not between the layers of a real step, so
