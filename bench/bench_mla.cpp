@@ -72,6 +72,19 @@ void make_paged_batch(PagedBatch& p, ops::Backend& be, int seqs, int ctx, int q_
   b.host_block_ids = p.block_ids;
 }
 
+// Times backend.mla_attention_absorbed over `pb` (`tokens` query rows, DeepSeek dims with `heads`
+// heads) on fresh random q (seed `seed`); `warm_runs` more untimed runs of the whole plan first.
+Timing time_absorbed(ops::Backend& be, gpu::Stream s, const PagedBatch& pb, int tokens, int heads, uint64_t seed,
+                     const TimingPlan& plan, int warm_runs = 0) {
+  const ops::MlaDims dims = dsv3_dims(heads);
+  DevTensor q = dev_tensor(be, DType::F32, {tokens, heads, kKvDim});
+  DevTensor out = dev_tensor(be, DType::F32, {tokens, heads, kRank});
+  fill_random(q.view, seed, -1, 1, s);
+  auto call = [&](int) { be.mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view); };
+  for (int i = 0; i < warm_runs; ++i) time_on_stream(s, plan, call);
+  return time_on_stream(s, plan, call);
+}
+
 }  // namespace
 
 // Napkin math, per decode token and head count H over ctx cached tokens:
@@ -100,6 +113,9 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   constexpr gpu::MlaDecodeKernel kForced[] = {gpu::MlaDecodeKernel::Auto, gpu::MlaDecodeKernel::MmaSync,
                                               gpu::MlaDecodeKernel::Wgmma};
   constexpr const char* kForcedTag[] = {"", " mma.sync", " wgmma"};
+  TimingPlan plan;
+  plan.max_reps = o.quick ? 20 : 200;
+  plan.budget_ms = o.quick ? 100 : 1000;
   bool first_case = true;
   for (const auto& [heads, forced, fused] : runs) {
     const auto kernel = kForced[forced];
@@ -107,19 +123,10 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
     if (forced >= 2 && !gpu::mla_decode_sm90a_supported((heads + 63) / 64 * 64, kRank, kRope)) continue;
     gpu::set_mla_decode_kernel(*be, kernel);
     gpu::set_mla_decode_fused_combine(*be, fused);
-    const ops::MlaDims dims = dsv3_dims(heads);
-    DevTensor q = dev_tensor(*be, DType::F32, {seqs, heads, kKvDim});
-    DevTensor out = dev_tensor(*be, DType::F32, {seqs, heads, kRank});
-    fill_random(q.view, 100 + uint64_t(heads), -1, 1, s);
-    TimingPlan plan;
-    plan.max_reps = o.quick ? 20 : 200;
-    plan.budget_ms = o.quick ? 100 : 1000;
-    auto call = [&](int) { be->mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view); };
     // The first case once more, unreported, before its timed run: its first run after the ceilings
     // read 56-71% in four processes on the same build (2026-12-01) while later rows moved by ~1%.
-    if (first_case) time_on_stream(s, plan, call);
+    const Timing t = time_absorbed(*be, s, pb, seqs, heads, 100 + uint64_t(heads), plan, first_case ? 1 : 0);
     first_case = false;
-    const Timing t = time_on_stream(s, plan, call);
     const double sec = t.median_ms * 1e-3;
     const double gbps = cache_bytes / sec / 1e9;
     const double tflops = double(seqs) * 2.0 * heads * ctx * (kKvDim + kRank) / sec / 1e12;
@@ -144,16 +151,7 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   for (const int dctx : o.decode_contexts) {
     PagedBatch pd;
     make_paged_batch(pd, *be, seqs, dctx, 1, 21);
-    const ops::MlaDims dims = dsv3_dims(16);
-    DevTensor q = dev_tensor(*be, DType::F32, {seqs, 16, kKvDim});
-    DevTensor out = dev_tensor(*be, DType::F32, {seqs, 16, kRank});
-    fill_random(q.view, 116, -1, 1, s);
-    TimingPlan plan;
-    plan.max_reps = o.quick ? 20 : 200;
-    plan.budget_ms = o.quick ? 100 : 1000;
-    const Timing t = time_on_stream(s, plan, [&](int) {
-      be->mla_attention_absorbed(q.view, pd.cache.view, pd.batch, dims, out.view);
-    });
+    const Timing t = time_absorbed(*be, s, pd, seqs, 16, 116, plan);
     const double bytes = double(seqs) * dctx * kKvDim * 2.0;
     report.add({"mla_decode", fmt::format("absorbed decode, batch {} x ctx {}, 16 heads", seqs, dctx), t.median_ms,
                 bytes / (t.median_ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW", 0, "cache bytes only",
@@ -169,16 +167,10 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
     if (forced == 2 && !gpu::mla_decode_sm90a_supported(128, kRank, kRope)) continue;
     gpu::set_mla_decode_kernel(*be, kForced[forced % 3]);
     gpu::set_mla_decode_fused_combine(*be, forced != 3);
-    const ops::MlaDims dims = dsv3_dims(128);
-    DevTensor q = dev_tensor(*be, DType::F32, {1, 128, kKvDim});
-    DevTensor out = dev_tensor(*be, DType::F32, {1, 128, kRank});
-    fill_random(q.view, 300, -1, 1, s);
-    TimingPlan plan;
-    plan.max_reps = o.quick ? 20 : 400;
-    plan.budget_ms = o.quick ? 50 : 200;
-    const Timing t = time_on_stream(s, plan, [&](int) {
-      be->mla_attention_absorbed(q.view, one.cache.view, one.batch, dims, out.view);
-    });
+    TimingPlan b1_plan;
+    b1_plan.max_reps = o.quick ? 20 : 400;
+    b1_plan.budget_ms = o.quick ? 50 : 200;
+    const Timing t = time_absorbed(*be, s, one, 1, 128, 300, b1_plan);
     gpu::set_mla_decode_kernel(*be, gpu::MlaDecodeKernel::Auto);
     gpu::set_mla_decode_fused_combine(*be, true);
     const std::string tag = forced == 3 ? " [combine kernel]"
