@@ -441,6 +441,18 @@ void launch_dequant(GpuBackend& be, const DeviceWeight& w, int64_t n0, int64_t r
   MLA_GPU_LAUNCH_CHECK();
 }
 
+// Weight rows [n0, n0 + rows) of `w` (format f = dequant_format(w)) into wterms bf16 terms at wb.
+void dequant_rows(GpuBackend& be, const DeviceWeight& w, DqFmt f, int64_t n0, int64_t rows, int wterms, uint16_t* wb,
+                  int64_t ldw) {
+  switch (f) {
+    case DqFmt::Fp8: launch_dequant<DqFmt::Fp8>(be, w, n0, rows, wterms, wb, ldw); break;
+    case DqFmt::Int4Bf16: launch_dequant<DqFmt::Int4Bf16>(be, w, n0, rows, wterms, wb, ldw); break;
+    case DqFmt::Int4F16: launch_dequant<DqFmt::Int4F16>(be, w, n0, rows, wterms, wb, ldw); break;
+    case DqFmt::Int4F32: launch_dequant<DqFmt::Int4F32>(be, w, n0, rows, wterms, wb, ldw); break;
+    case DqFmt::Scalar: launch_dequant<DqFmt::Scalar>(be, w, n0, rows, wterms, wb, ldw); break;
+  }
+}
+
 // Scratch budget of one dequantized chunk: 18432 x 7168 bf16 (264 MB, the largest DeepSeek-V3 /
 // Kimi K2 quantized linear) fits in one chunk in Bf16 precision, so x is split once per call there.
 constexpr size_t kDequantBudgetBytes = size_t(256) << 20;
@@ -479,13 +491,7 @@ bool linear_dequant_blas(GpuBackend& be, const TensorView& x, const ops::Weight&
   const DqFmt f = dequant_format(dw);
   for (int64_t n0 = 0; n0 < N; n0 += rows) {
     const int64_t nc = std::min(rows, N - n0);
-    switch (f) {
-      case DqFmt::Fp8: launch_dequant<DqFmt::Fp8>(be, dw, n0, nc, wterms, wb, ldw); break;
-      case DqFmt::Int4Bf16: launch_dequant<DqFmt::Int4Bf16>(be, dw, n0, nc, wterms, wb, ldw); break;
-      case DqFmt::Int4F16: launch_dequant<DqFmt::Int4F16>(be, dw, n0, nc, wterms, wb, ldw); break;
-      case DqFmt::Int4F32: launch_dequant<DqFmt::Int4F32>(be, dw, n0, nc, wterms, wb, ldw); break;
-      case DqFmt::Scalar: launch_dequant<DqFmt::Scalar>(be, dw, n0, nc, wterms, wb, ldw); break;
-    }
+    dequant_rows(be, dw, f, n0, nc, wterms, wb, ldw);
     if (!run_blas(be, x, wb, ldw, wterms * nc, K, wterms, out.as<float>() + n0, out.stride[0])) return false;
   }
   return true;
@@ -535,14 +541,7 @@ bool linear_heads_bf16(GpuBackend& be, const uint16_t* x, int64_t n, const ops::
   if (!prepare_gemm(*st.blas, key_for(db, ld_b, wv, out_b), call_b, plan_b)) return false;
   if (!dense) {
     const DeviceWeight dw = device_weight(w);
-    auto* dst = static_cast<uint16_t*>(const_cast<void*>(wb));
-    switch (dequant_format(dw)) {
-      case DqFmt::Fp8: launch_dequant<DqFmt::Fp8>(be, dw, 0, w.out_features, 1, dst, ldw); break;
-      case DqFmt::Int4Bf16: launch_dequant<DqFmt::Int4Bf16>(be, dw, 0, w.out_features, 1, dst, ldw); break;
-      case DqFmt::Int4F16: launch_dequant<DqFmt::Int4F16>(be, dw, 0, w.out_features, 1, dst, ldw); break;
-      case DqFmt::Int4F32: launch_dequant<DqFmt::Int4F32>(be, dw, 0, w.out_features, 1, dst, ldw); break;
-      case DqFmt::Scalar: launch_dequant<DqFmt::Scalar>(be, dw, 0, w.out_features, 1, dst, ldw); break;
-    }
+    dequant_rows(be, dw, dequant_format(dw), 0, w.out_features, 1, static_cast<uint16_t*>(const_cast<void*>(wb)), ldw);
   }
   void* workspace = st.scratch.get(be, kWorkspaceBytes);
   const float alpha = 1.0f, beta = 0.0f;
