@@ -200,6 +200,172 @@ __host__ __device__ constexpr MoeStage moe_stage(MoeFormat f, int window, int co
 }
 constexpr size_t kMoeStageBudget = 32 * 1024;  // 3 CTAs per SM keep 96 KB; whole K up to batch 2
 
+// One chunk's tensor-core work (fragment proof above). a: the lane's 16-byte weight pieces of rows
+// g, g + 8 per matrix; b: its piece of the B column (from the staged rows); FP8: inv0 / inv1 the
+// inverse activation scales of columns 2t, 2t + 1 and sw the matrices' block scales; INT4: sb the
+// bf16 scale pairs of the lane's two groups and xs the token's sums of those groups' activations.
+template <int kMats>
+__device__ __forceinline__ void chunk_fp8(const uint4 (&a)[kMats][2], const uint4 (&b)[2], float inv0, float inv1,
+                                          const float (&sw)[kMats], float (&acc)[kMats][4]) {
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+    float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint32_t lo = word_of(a[m][0], s), hi = word_of(a[m][1], s);
+      const uint32_t af[4] = {fp8x2_to_f16x2(lo), fp8x2_to_f16x2(hi), fp8x2_to_f16x2(lo >> 16),
+                              fp8x2_to_f16x2(hi >> 16)};
+      mma::mma_f16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
+    }
+    const float f0 = sw[m] * inv0, f1 = sw[m] * inv1;
+    acc[m][0] = fmaf(tmp[0], f0, acc[m][0]);
+    acc[m][1] = fmaf(tmp[1], f1, acc[m][1]);
+    acc[m][2] = fmaf(tmp[2], f0, acc[m][2]);
+    acc[m][3] = fmaf(tmp[3], f1, acc[m][3]);
+  }
+}
+template <int kMats>
+__device__ __forceinline__ void chunk_i4(const uint4 (&a)[kMats][2], const uint32_t (&sb)[kMats][2], const uint4 (&b)[4],
+                                         float2 xs, float (&acc)[kMats][4]) {
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+    float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const int wd = s / 2, h = s % 2;
+      const uint32_t lo = word_of(a[m][0], wd), hi = word_of(a[m][1], wd);
+      const uint32_t af[4] = {int4x2_magic_bf16x2(lo, 2 * h), int4x2_magic_bf16x2(hi, 2 * h),
+                              int4x2_magic_bf16x2(lo, 2 * h + 1), int4x2_magic_bf16x2(hi, 2 * h + 1)};
+      mma::mma_bf16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
+    }
+    const uint32_t sg = sb[m][0], sg8 = sb[m][1];
+    acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg)), fmaf(-136.0f, xs.x, tmp[0]), acc[m][0]);
+    acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg >> 16)), fmaf(-136.0f, xs.y, tmp[1]), acc[m][0]);
+    acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8)), fmaf(-136.0f, xs.x, tmp[2]), acc[m][1]);
+    acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8 >> 16)), fmaf(-136.0f, xs.y, tmp[3]), acc[m][1]);
+  }
+}
+
+// Writes one pass's outputs (rows row0 + [0, 16) of warp `warp` in 64-row tile `tile`; columns p0 +
+// [0, ncols) of the expert's sorted pairs). Called by every thread of the CTA (barriers inside).
+template <MoeFormat F, bool kGateUp, int kMats>
+__device__ __forceinline__ void write_pass(float (&acc)[kMats][4], const moe::Plan& plan, const TcOut& out, int p0,
+                                           int ncols, int64_t row0, int tile, float (*colmax)[kCols]) {
+  constexpr bool kFp8 = F == MoeFormat::FP8;
+  constexpr int kPass = pass_cols(F);
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  if constexpr (kFp8) {
+    // acc[m][i] is row row0 + g + 8 (i / 2), column 2t + i % 2 (valid when < ncols).
+    if constexpr (kGateUp) {
+      float hv[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) hv[i] = acc[0][i] / (1.0f + expf(-acc[0][i])) * acc[1][i];  // silu(g) u
+      // Per column max |h| over the CTA's 64 rows (= the down pass's 64-k chunk `tile`).
+      float m0 = fmaxf(fabsf(hv[0]), fabsf(hv[2])), m1 = fmaxf(fabsf(hv[1]), fabsf(hv[3]));
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) {  // across g (lane bits 2..4), same t
+        m0 = fmaxf(m0, shfl_xor(m0, off));
+        m1 = fmaxf(m1, shfl_xor(m1, off));
+      }
+      if (g == 0) {
+        colmax[warp][2 * t] = m0;
+        colmax[warp][2 * t + 1] = m1;
+      }
+      __syncthreads();
+      float amax[2] = {colmax[0][2 * t], colmax[0][2 * t + 1]};
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) amax[j] = fmaxf(amax[j], colmax[w][2 * t + j]);
+      __syncthreads();  // colmax is rewritten by the next column group
+      float scale[2], inv[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) pow2_scale(amax[j], scale[j], inv[j]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = 2 * t + i % 2;
+        if (col < ncols) out.h[int64_t(p0 + col) * out.h_stride + row0 + g + 8 * (i / 2)] = f16_bits(hv[i] * scale[i % 2]);
+      }
+      if (warp == 0 && g == 0)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          if (2 * t + j < ncols) out.h_aux[int64_t(p0 + 2 * t + j) * out.h_aux_stride + tile] = inv[j];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int col = 2 * t + i % 2;
+        if (col < ncols) out.y[int64_t(plan.sorted[p0 + col]) * out.y_stride + row0 + g + 8 * (i / 2)] = acc[0][i];
+      }
+    }
+  } else {
+    // Lanes t and t ^ 1 hold the two halves of token t / 2's groups; after the exchange acc[m][i] is
+    // row row0 + g + 8 i of token `tok` (valid when tok < ncols), written by even t.
+    const int tok = t >> 1;
+#pragma unroll
+    for (int m = 0; m < kMats; ++m)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) acc[m][i] += shfl_xor(acc[m][i], 1);
+    const bool writer = (t & 1) == 0 && tok < ncols;
+    if constexpr (kGateUp) {
+      float hr[2];  // h as the down pass reads it (bf16)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const uint16_t hb = f32_to_bf16_bits(acc[0][i] / (1.0f + expf(-acc[0][i])) * acc[1][i]);  // silu(g) u
+        hr[i] = bf16_bits_to_f32(hb);
+        if (writer) out.h[int64_t(p0 + tok) * out.h_stride + act_pos_i4(row0 + g + 8 * i)] = hb;
+      }
+      // Group sums of h for the down pass: the warp's 16 rows are half of 32-group row0 / 32 (warps
+      // 2q and 2q + 1 share group 2 tile + q); fixed-order sums, so the result is deterministic.
+      float gs = hr[0] + hr[1];
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) gs += shfl_xor(gs, off);  // across g, same t
+      if (g == 0 && (t & 1) == 0) colmax[warp][tok] = gs;
+      __syncthreads();
+      if (tid < 2 * kPass) {
+        const int q = tid / kPass, j = tid % kPass;
+        if (j < ncols)
+          out.h_aux[int64_t(p0 + j) * out.h_aux_stride + 2 * int64_t(tile) + q] = colmax[2 * q][j] + colmax[2 * q + 1][j];
+      }
+      __syncthreads();  // colmax is rewritten by the next pass
+    } else if (writer) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) out.y[int64_t(plan.sorted[p0 + tok]) * out.y_stride + row0 + g + 8 * i] = acc[0][i];
+    }
+  }
+}
+
+// Copies window [w0, w_end) of the pass's B columns (and their aux values) into shared memory.
+// Called by every thread; the caller brackets it with barriers.
+template <MoeFormat F, bool kGateUp>
+__device__ __forceinline__ void stage_columns(const TcAct& act, const moe::Plan& plan, int top_k, int p0, int ncols,
+                                              int64_t w0, int nwc, int window, const MoeStage& sl, uint16_t* s_b,
+                                              float* s_inv) {
+  constexpr int kChunkK = int(chunk_k(F)), kAux = aux_per_chunk(F);
+  const int tid = int(threadIdx.x);
+  // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
+  auto act_row = [&](int n) -> int64_t { return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n); };
+  const int per_col = nwc * kChunkK / 8;  // uint4 of 16-bit activations per column
+  for (int i = tid; i < ncols * per_col; i += kThreads) {
+    const int n = i / per_col, j = i - n * per_col;
+    *reinterpret_cast<uint4*>(s_b + n * sl.row_u16 + 8 * j) =
+        *reinterpret_cast<const uint4*>(act.data + act_row(n) * act.stride + w0 * kChunkK + 8 * j);
+  }
+  for (int i = tid; i < ncols * nwc * kAux; i += kThreads) {
+    const int n = i / (nwc * kAux), j = i - n * (nwc * kAux);
+    s_inv[n * window * kAux + j] = act.aux[act_row(n) * act.aux_stride + w0 * kAux + j];
+  }
+}
+// FP8: the block scales of window [w0, w_end) for the CTA's 128-row block (scale rows fp8_scale[m]).
+template <int kMats>
+__device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scale)[kMats], int64_t w0, int64_t w_end,
+                                                   int window, float* s_ws) {
+  const int nb = int((w_end - 1) / 2 - w0 / 2 + 1);
+  for (int i = int(threadIdx.x); i < kMats * nb; i += kThreads) {
+    const int m = i >= nb ? 1 : 0;  // a select, not a dynamic index (which would put the pointers on the stack)
+    s_ws[m * (window / 2 + 2) + i - m * nb] = (m ? fp8_scale[kMats - 1] : fp8_scale[0])[w0 / 2 + i - m * nb];
+  }
+}
+
 template <MoeFormat F, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
                                                              TcAct act, int top_k, int64_t k_dim, TcOut out,
@@ -209,7 +375,6 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   constexpr int kU = moe_tc_burst<F, kGateUp>();  // chunks whose weight loads are in flight together
   constexpr int kChunkK = int(chunk_k(F));
   constexpr int kBVec = kChunkK / 32;          // uint4 of 16-bit activations per lane per chunk
-  constexpr int kSteps = kChunkK / 16;         // mma k16 steps per chunk
   constexpr int kRowUnit = kFp8 ? 1 : 4;       // bytes per data_stride unit
   constexpr int kPass = pass_cols(F);
   constexpr int kAux = aux_per_chunk(F);
@@ -276,11 +441,6 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
 
   for (int p0 = begin; p0 < end; p0 += kPass) {  // uniform per CTA (same expert)
     const int ncols = min(kPass, end - p0);
-    // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
-    auto act_row = [&](int n) -> int64_t {
-      return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n);
-    };
-
     float acc[kMats][4];  // FP8: the C fragment; INT4: [0], [1] = rows g, g + 8 of token t / 2 (half its groups)
 #pragma unroll
     for (int m = 0; m < kMats; ++m)
@@ -291,23 +451,8 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
       const int64_t w_end = min(c_end, w0 + int64_t(window));
       const int nwc = int(w_end - w0);
       __syncthreads();  // the previous window's (or column group's) readers are done
-      {
-        const int per_col = nwc * kChunkK / 8;  // uint4 of 16-bit activations per column
-        for (int i = tid; i < ncols * per_col; i += kThreads) {
-          const int n = i / per_col, j = i - n * per_col;
-          *reinterpret_cast<uint4*>(s_b + n * sl.row_u16 + 8 * j) =
-              *reinterpret_cast<const uint4*>(act.data + act_row(n) * act.stride + w0 * kChunkK + 8 * j);
-        }
-        for (int i = tid; i < ncols * nwc * kAux; i += kThreads) {
-          const int n = i / (nwc * kAux), j = i - n * (nwc * kAux);
-          s_inv[n * window * kAux + j] = act.aux[act_row(n) * act.aux_stride + w0 * kAux + j];
-        }
-        if constexpr (kFp8) {
-          const int nb = int((w_end - 1) / 2 - w0 / 2 + 1);
-          for (int i = tid; i < kMats * nb; i += kThreads)
-            s_ws[(i / nb) * (window / 2 + 2) + i % nb] = fp8_scale[i / nb][w0 / 2 + i % nb];
-        }
-      }
+      stage_columns<F, kGateUp>(act, plan, top_k, p0, ncols, w0, nwc, window, sl, s_b, s_inv);
+      if constexpr (kFp8) stage_block_scales<kMats>(fp8_scale, w0, w_end, window, s_ws);
       __syncthreads();
       // FP8: lane (g, t) supplies column g's activations; INT4: token g / 4's, in group column g only
       // when g % 4 == t (group columns, above).
@@ -331,44 +476,14 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
           if constexpr (kFp8) {
             const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * window + lc] : 0.0f;
             const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * window + lc] : 0.0f;
+            float sw[kMats];
 #pragma unroll
-            for (int m = 0; m < kMats; ++m) {
-              float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-              for (int s = 0; s < kSteps; ++s) {
-                const uint32_t lo = word_of(a[u][m][0], s), hi = word_of(a[u][m][1], s);
-                const uint32_t af[4] = {fp8x2_to_f16x2(lo), fp8x2_to_f16x2(hi), fp8x2_to_f16x2(lo >> 16),
-                                        fp8x2_to_f16x2(hi >> 16)};
-                mma::mma_f16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
-              }
-              const float sw = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
-              const float f0 = sw * inv0, f1 = sw * inv1;
-              acc[m][0] = fmaf(tmp[0], f0, acc[m][0]);
-              acc[m][1] = fmaf(tmp[1], f1, acc[m][1]);
-              acc[m][2] = fmaf(tmp[2], f0, acc[m][2]);
-              acc[m][3] = fmaf(tmp[3], f1, acc[m][3]);
-            }
+            for (int m = 0; m < kMats; ++m) sw[m] = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
+            chunk_fp8<kMats>(a[u], b, inv0, inv1, sw, acc);
           } else {
             // sum(x) of this lane's two groups for token `tok` (0 past the pass's columns).
             const float2 xs = tok < ncols ? *reinterpret_cast<const float2*>(s_gsum + lc * kAux) : make_float2(0.0f, 0.0f);
-#pragma unroll
-            for (int m = 0; m < kMats; ++m) {
-              float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-              for (int s = 0; s < kSteps; ++s) {
-                const int wd = s / 2, h = s % 2;
-                const uint32_t lo = word_of(a[u][m][0], wd), hi = word_of(a[u][m][1], wd);
-                const uint32_t af[4] = {int4x2_magic_bf16x2(lo, 2 * h), int4x2_magic_bf16x2(hi, 2 * h),
-                                        int4x2_magic_bf16x2(lo, 2 * h + 1), int4x2_magic_bf16x2(hi, 2 * h + 1)};
-                mma::mma_bf16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4),
-                              word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
-              }
-              const uint32_t sg = sbits[u][m][0], sg8 = sbits[u][m][1];
-              acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg)), fmaf(-136.0f, xs.x, tmp[0]), acc[m][0]);
-              acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg >> 16)), fmaf(-136.0f, xs.y, tmp[1]), acc[m][0]);
-              acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8)), fmaf(-136.0f, xs.x, tmp[2]), acc[m][1]);
-              acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8 >> 16)), fmaf(-136.0f, xs.y, tmp[3]), acc[m][1]);
-            }
+            chunk_i4<kMats>(a[u], sbits[u], b, xs, acc);
           }
         };
         if (c0 + kU <= w_end) {
@@ -381,84 +496,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
         }
       }
     }
-
-    if constexpr (kFp8) {
-      // Epilogue: acc[m][i] is row row0 + g + 8 (i / 2), column 2t + i % 2 (valid when < ncols).
-      if constexpr (kGateUp) {
-        float hv[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) hv[i] = acc[0][i] / (1.0f + expf(-acc[0][i])) * acc[1][i];  // silu(g) u
-        // Per column max |h| over the CTA's 64 rows (= the down pass's 64-k chunk blockIdx.y).
-        float m0 = fmaxf(fabsf(hv[0]), fabsf(hv[2])), m1 = fmaxf(fabsf(hv[1]), fabsf(hv[3]));
-#pragma unroll
-        for (int off = 4; off < 32; off <<= 1) {  // across g (lane bits 2..4), same t
-          m0 = fmaxf(m0, shfl_xor(m0, off));
-          m1 = fmaxf(m1, shfl_xor(m1, off));
-        }
-        if (g == 0) {
-          colmax[warp][2 * t] = m0;
-          colmax[warp][2 * t + 1] = m1;
-        }
-        __syncthreads();
-        float amax[2] = {colmax[0][2 * t], colmax[0][2 * t + 1]};
-#pragma unroll
-        for (int w = 1; w < kWarps; ++w)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) amax[j] = fmaxf(amax[j], colmax[w][2 * t + j]);
-        __syncthreads();  // colmax is rewritten by the next column group
-        float scale[2], inv[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) pow2_scale(amax[j], scale[j], inv[j]);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = 2 * t + i % 2;
-          if (col < ncols) out.h[int64_t(p0 + col) * out.h_stride + row0 + g + 8 * (i / 2)] = f16_bits(hv[i] * scale[i % 2]);
-        }
-        if (warp == 0 && g == 0)
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-            if (2 * t + j < ncols) out.h_aux[int64_t(p0 + 2 * t + j) * out.h_aux_stride + blockIdx.y] = inv[j];
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = 2 * t + i % 2;
-          if (col < ncols) out.y[int64_t(plan.sorted[p0 + col]) * out.y_stride + row0 + g + 8 * (i / 2)] = acc[0][i];
-        }
-      }
-    } else {
-      // Epilogue: lanes t and t ^ 1 hold the two halves of token t / 2's groups; after the exchange
-      // acc[m][i] is row row0 + g + 8 i of token `tok` (valid when tok < ncols), written by even t.
-#pragma unroll
-      for (int m = 0; m < kMats; ++m)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) acc[m][i] += shfl_xor(acc[m][i], 1);
-      const bool writer = (t & 1) == 0 && tok < ncols;
-      if constexpr (kGateUp) {
-        float hr[2];  // h as the down pass reads it (bf16)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint16_t hb = f32_to_bf16_bits(acc[0][i] / (1.0f + expf(-acc[0][i])) * acc[1][i]);  // silu(g) u
-          hr[i] = bf16_bits_to_f32(hb);
-          if (writer) out.h[int64_t(p0 + tok) * out.h_stride + act_pos_i4(row0 + g + 8 * i)] = hb;
-        }
-        // Group sums of h for the down pass: the warp's 16 rows are half of 32-group row0 / 32 (warps
-        // 2q and 2q + 1 share group 2 blockIdx.y + q); fixed-order sums, so the result is deterministic.
-        float gs = hr[0] + hr[1];
-#pragma unroll
-        for (int off = 4; off < 32; off <<= 1) gs += shfl_xor(gs, off);  // across g, same t
-        if (g == 0 && (t & 1) == 0) colmax[warp][tok] = gs;
-        __syncthreads();
-        if (tid < 2 * kPass) {
-          const int q = tid / kPass, j = tid % kPass;
-          if (j < ncols)
-            out.h_aux[int64_t(p0 + j) * out.h_aux_stride + 2 * int64_t(blockIdx.y) + q] = colmax[2 * q][j] + colmax[2 * q + 1][j];
-        }
-        __syncthreads();  // colmax is rewritten by the next pass
-      } else if (writer) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) out.y[int64_t(plan.sorted[p0 + tok]) * out.y_stride + row0 + g + 8 * i] = acc[0][i];
-      }
-    }
+    write_pass<F, kGateUp, kMats>(acc, plan, out, p0, ncols, row0, int(blockIdx.y), colmax);
   }
 }
 
@@ -496,18 +534,17 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   o1.h_stride = a.inter;
   o1.h_aux = h_aux;
   o1.h_aux_stride = h_aux_stride;
-  const dim3 g1(unsigned(a.slots), unsigned(ic));
-  mma::launch_maybe_pdl(moe_tc_kernel<F, true>, g1, dim3(kThreads), moe_stage(F, w1, cols).bytes, true, stream,
-                        a.table, a.plan, TcAct{x16, a.hidden, x_aux, x_aux_stride}, a.top_k, a.hidden, o1, w1, cols);
+  mma::launch_maybe_pdl(moe_tc_kernel<F, true>, dim3(unsigned(a.slots), unsigned(ic)), dim3(kThreads),
+                        moe_stage(F, w1, cols).bytes, true, stream, a.table, a.plan,
+                        TcAct{x16, a.hidden, x_aux, x_aux_stride}, a.top_k, a.hidden, o1, w1, cols);
 
   TcOut o2{};
   o2.y = a.y;
   o2.y_stride = a.hidden;
-  const dim3 g2(unsigned(a.slots), unsigned(hc));
-  mma::launch_maybe_pdl(moe_tc_kernel<F, false>, g2, dim3(kThreads), moe_stage(F, w2, cols).bytes, true, stream,
-                        a.table, a.plan, TcAct{h16, a.inter, h_aux, h_aux_stride}, a.top_k, a.inter, o2, w2, cols);
+  mma::launch_maybe_pdl(moe_tc_kernel<F, false>, dim3(unsigned(a.slots), unsigned(hc)), dim3(kThreads),
+                        moe_stage(F, w2, cols).bytes, true, stream, a.table, a.plan,
+                        TcAct{h16, a.inter, h_aux, h_aux_stride}, a.top_k, a.inter, o2, w2, cols);
 }
-
 }  // namespace
 
 bool moe_tc_device_ok() {
