@@ -145,6 +145,24 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
                   heads == 16 && !forced && fused ? 0.8 : 0, fmt::format("{:.1f} TFLOP/s; cache bytes only", tflops),
                   fmt::format("{}h{}{}", heads, kForcedTag[forced], fused ? "" : " combine")});
   }
+  // The 16-head row once more with 16 calls between one pair of events (per-call average): the
+  // difference to the per-call row is what one event pair and its kernel boundary cost.
+  {
+    constexpr int kCalls = 16;
+    const ops::MlaDims dims = dsv3_dims(16);
+    DevTensor q = dev_tensor(*be, DType::F32, {seqs, 16, kKvDim});
+    DevTensor out = dev_tensor(*be, DType::F32, {seqs, 16, kRank});
+    fill_random(q.view, 116, -1, 1, s);
+    TimingPlan many = plan;
+    many.max_reps = o.quick ? 4 : 24;
+    const Timing t = time_on_stream(s, many, [&](int) {
+      for (int i = 0; i < kCalls; ++i) be->mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view);
+    });
+    const double ms = t.median_ms / kCalls;
+    report.add({"mla_decode", fmt::format("absorbed decode, batch {} x ctx {}, 16 heads [{} calls per event pair]", seqs, ctx, kCalls),
+                ms, cache_bytes / (ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW", 0,
+                "per-call average; no event between calls", fmt::format("16h x{}", kCalls)});
+  }
   // The 16-head row at other contexts (--decode-contexts): per call the op adds fixed costs (its
   // launch, the first loads, the tail) to a bytes / bandwidth term; longer contexts show the rate the
   // kernel streams at.

@@ -41,6 +41,13 @@ constexpr int kMaxSplits = kMlaDecodeMaxSplits;  // 32
 // the context): a short context (batch 1, ctx 1100 = 18 tiles) uses 9 splits instead of all 28 of
 // the grid, and the unused CTAs exit at once.
 constexpr int kMinTilesPerSplit = kMlaDecodeMinTilesPerSplit;  // 2
+// The attention kernel merges its split partials itself (given tickets) only in grids of at most
+// this many splits: its last CTA per tile reads the partials in rounds of two splits, so with many
+// splits the combine kernel's spread over one CTA per row wins. Measured on the H200 (2026-12-03,
+// mla-decode bench, same process): batch 64 x 16 heads (4 splits) 93.9 us fused against 96.7 us
+// with the combine kernel; batch 1 x 128 heads at ctx 1100 (14 splits, 9 in use) 19.3 us fused
+// against 17.9 us.
+constexpr int kFusedMaxSplits = 4;
 static_assert(kKSteps % kDimSplit == 0 && kRank % (kWarps * 16) == 0 && kHeadTile == 16);
 
 // A CTA runs M head tiles (16 M heads) over the cache in units of U keys that stream through a ring
@@ -78,15 +85,24 @@ constexpr float kNegInf = -__builtin_huge_valf();
 using namespace mma;
 
 // Query row `token`'s sequence (the largest s with q_indptr[s] <= token; empty sequences are
-// skipped) and its causal limit: query i of the sequence sits at position kv_len - q_len + i and
-// sees positions < limit. q_indptr is non-decreasing with q_indptr[0] = 0 <= token, so that s is
-// (the number of s in [0, S) with q_indptr[s] <= token) - 1: each warp counts 32 entries per ballot,
-// with independent loads (one or two memory round trips for a decode batch of 64, where a binary
-// search is a chain of 6). Call with the whole warp converged.
+// skipped), its causal limit (query i of the sequence sits at position kv_len - q_len + i and sees
+// positions < limit) and, kBlocks, its first block-table entry. Decode batches (one query per
+// sequence: q_indptr[token] = token, q_indptr[token + 1] = token + 1, which pins s = token because
+// q_indptr is non-decreasing) take one memory round trip: those two entries, kv_lens[token] and
+// block_indptr[token] are loaded together, speculatively. Otherwise s = (the number of s in [0, S)
+// with q_indptr[s] <= token) - 1 (q_indptr[0] = 0 <= token): each warp counts 32 entries per ballot,
+// with independent loads (one or two round trips for a batch of 64, where a binary search is a
+// chain of 6), then the sequence's entries: three round trips where the fast path takes one, each
+// ~0.5-1 us before the first cache row can be requested. Call with the whole warp converged.
 struct TokenRange {
-  int seq, limit;
+  int seq, limit, block_base;
 };
-__device__ __forceinline__ TokenRange token_range(const MlaDecodeTcArgs& a, int token) {
+template <bool kBlocks> __device__ __forceinline__ TokenRange token_range(const MlaDecodeTcArgs& a, int token) {
+  if (token < a.num_seqs) {  // uniform per CTA
+    const int q0 = a.q_indptr[token], q1 = a.q_indptr[token + 1], kv_len = a.kv_lens[token];
+    const int base = kBlocks ? a.block_indptr[token] : 0;
+    if (q0 == token && q1 == token + 1) return {token, kv_len, base};
+  }
   const int lane = int(threadIdx.x) % 32;
   int count = 0;
 #pragma unroll 4
@@ -96,7 +112,7 @@ __device__ __forceinline__ TokenRange token_range(const MlaDecodeTcArgs& a, int 
   }
   const int seq = max(count - 1, 0);
   const int q0 = a.q_indptr[seq], q_len = a.q_indptr[seq + 1] - q0, kv_len = a.kv_lens[seq];
-  return {seq, kv_len - q_len + (token - q0) + 1};
+  return {seq, kv_len - q_len + (token - q0) + 1, kBlocks ? a.block_indptr[seq] : 0};
 }
 // Splits a token of `tiles_total` tiles uses out of the grid's num_splits (>= 1). The attention and
 // combine kernels both derive it from the same device data, so they agree on which partials exist.
@@ -113,11 +129,12 @@ __device__ __forceinline__ int splits_in_use(int tiles_total, int num_splits) {
 // (0 when no split has a key: only for an invalid batch, kv_len < q_len). All (m, l) loads are issued
 // unrolled before use: one memory round trip. ld.cg (L2): other CTAs wrote them during this grid or
 // the one before.
+template <int N>
 __device__ __forceinline__ float split_weights(const float* __restrict__ ws_ml, size_t rows, size_t row, int used,
-                                               float (&coef)[kMaxSplits]) {
-  float m[kMaxSplits], l[kMaxSplits];
+                                               float (&coef)[N]) {
+  float m[N], l[N];
 #pragma unroll
-  for (int i = 0; i < kMaxSplits; ++i) {
+  for (int i = 0; i < N; ++i) {
     m[i] = kNegInf;
     l[i] = 0.0f;
     if (i < used) {
@@ -128,11 +145,11 @@ __device__ __forceinline__ float split_weights(const float* __restrict__ ws_ml, 
   }
   float big_m = kNegInf;
 #pragma unroll
-  for (int i = 0; i < kMaxSplits; ++i)
+  for (int i = 0; i < N; ++i)
     if (l[i] > 0.0f) big_m = fmaxf(big_m, m[i]);
   float den = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kMaxSplits; ++i) {
+  for (int i = 0; i < N; ++i) {
     coef[i] = -1.0f;
     if (l[i] > 0.0f) {
       coef[i] = exp2f(m[i] - big_m);
@@ -144,12 +161,14 @@ __device__ __forceinline__ float split_weights(const float* __restrict__ ws_ml, 
 
 // The fused merge, called by every CTA of a split tile (split < used, not direct) after it wrote its
 // partial: the CTA that takes the tile's last ticket merges all `used` partials into `out` (and
-// resets the ticket for the next call); the others return. Ordering: each thread fences its partial
-// stores device-wide before the barrier that precedes the ticket, and the last CTA fences again
-// before its ld.cg reads (the threadfence-reduction pattern). Cost on the critical path: the last
-// CTA's merge only (two L2 round trips for the weights, then used / kIStep rounds of O loads), where
-// the combine kernel adds a launch, a wait for the whole grid and its own two round trips.
-// coef_s: kMaxSplits * kHeads + kHeads floats of shared memory no warp uses any more.
+// resets the ticket for the next call); the others return. Only grids of at most kFusedMaxSplits
+// splits pass tickets (mla_decode_tc), so used <= kFusedMaxSplits. Ordering: each thread fences its
+// partial stores device-wide before the barrier that precedes the ticket, and the last CTA fences
+// again before its ld.cg reads (the threadfence-reduction pattern). Cost on the critical path: the
+// last CTA's merge only: the ticket's round trip, one for the weights' (m, l) together with the
+// first kIStep splits' O (independent loads), then one per further kIStep splits; the combine
+// kernel adds a launch, a wait for the whole grid and its own round trips.
+// coef_s: kFusedMaxSplits * kHeads + kHeads floats of shared memory no warp uses any more.
 template <int kHeads>
 __device__ void merge_if_last(const MlaDecodeTcArgs& a, int token, int head0, int used, const float* ws_o,
                               const float* ws_ml, float* coef_s, unsigned& last_s) {
@@ -164,43 +183,48 @@ __device__ void merge_if_last(const MlaDecodeTcArgs& a, int token, int head0, in
   if (tid == 0) *ticket = 0u;  // every CTA of the tile has taken its ticket
   const size_t rows = size_t(a.num_tokens) * size_t(a.num_heads);
   const size_t row0 = size_t(token) * size_t(a.num_heads) + size_t(head0);
-  float* inv_s = coef_s + kMaxSplits * kHeads;
-  if (tid < kHeads) {
-    float coef[kMaxSplits];
-    inv_s[tid] = split_weights(ws_ml, rows, row0 + size_t(tid), used, coef);
-#pragma unroll
-    for (int i = 0; i < kMaxSplits; ++i) coef_s[i * kHeads + tid] = coef[i];
-  }
-  __syncthreads();
-  // Thread tid owns float4 columns of kItems (row, col) items; 16 float4 loads in flight per round.
+  // Thread tid owns float4 columns of kItems (row, col) items; kIStep x kItems float4 loads in flight
+  // per round. An empty split's O was never written: it is loaded but never used.
   constexpr int kVecs = kRank / 4, kItems = kHeads * kVecs / kThreads, kIStep = kItems <= 8 ? 2 : 1;
   static_assert(kHeads * kVecs % kThreads == 0 && kThreads % kVecs == 0);
-  float4 acc[kItems];
-#pragma unroll
-  for (int it = 0; it < kItems; ++it) acc[it] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   const int col = (tid % kVecs) * 4, r0 = tid / kVecs;
-  for (int i = 0; i < used; i += kIStep) {
-    float4 v[kIStep][kItems];
-    float w[kIStep][kItems];
+  float4 v[kIStep][kItems];
+  auto load_round = [&](int i) {
 #pragma unroll
     for (int s = 0; s < kIStep; ++s)
 #pragma unroll
       for (int it = 0; it < kItems; ++it) {
         const int r = r0 + it * (kThreads / kVecs);
-        w[s][it] = i + s < used ? coef_s[(i + s) * kHeads + r] : -1.0f;
-        v[s][it] = w[s][it] >= 0.0f
+        v[s][it] = i + s < used
                        ? __ldcg(reinterpret_cast<const float4*>(ws_o + (size_t(i + s) * rows + row0 + size_t(r)) * kRank + col))
                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
+  };
+  load_round(0);
+  float* inv_s = coef_s + kFusedMaxSplits * kHeads;
+  if (tid < kHeads) {
+    float coef[kFusedMaxSplits];
+    inv_s[tid] = split_weights<kFusedMaxSplits>(ws_ml, rows, row0 + size_t(tid), used, coef);
+#pragma unroll
+    for (int i = 0; i < kFusedMaxSplits; ++i) coef_s[i * kHeads + tid] = coef[i];
+  }
+  __syncthreads();
+  float4 acc[kItems];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) acc[it] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int i = 0; i < used; i += kIStep) {
+    if (i > 0) load_round(i);
 #pragma unroll
     for (int s = 0; s < kIStep; ++s)
 #pragma unroll
       for (int it = 0; it < kItems; ++it) {
-        if (w[s][it] < 0.0f) continue;  // unused or empty split: contributes nothing (as in the combine)
-        acc[it].x += w[s][it] * v[s][it].x;
-        acc[it].y += w[s][it] * v[s][it].y;
-        acc[it].z += w[s][it] * v[s][it].z;
-        acc[it].w += w[s][it] * v[s][it].w;
+        const int r = r0 + it * (kThreads / kVecs);
+        const float w = i + s < used ? coef_s[(i + s) * kHeads + r] : -1.0f;
+        if (w < 0.0f) continue;  // unused or empty split: contributes nothing (as in the combine)
+        acc[it].x += w * v[s][it].x;
+        acc[it].y += w * v[s][it].y;
+        acc[it].z += w * v[s][it].z;
+        acc[it].w += w * v[s][it].w;
       }
   }
 #pragma unroll
@@ -244,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   float* m_s = alpha_s + kHeads;                                              // [kHeads] running max (log2)
   float* l_s = m_s + kHeads;                                                  // [kHeads] running sum
   __shared__ unsigned last_s;  // fused merge: this CTA took its tile's last ticket
-  static_assert((kMaxSplits + 1) * kHeads * 4 <= G::kKvBytes, "the merge's weights fit the ring");
+  static_assert((kFusedMaxSplits + 1) * kHeads * 4 <= G::kKvBytes, "the merge's weights fit the ring");
 
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -255,8 +279,8 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   // until this grid has completed, so only its launch latency is hidden.
   pdl_enter();
 
-  const TokenRange tr = token_range(a, token);
-  const int seq = tr.seq, limit = tr.limit;
+  const TokenRange tr = token_range<true>(a, token);
+  const int limit = tr.limit;
   const int tiles_total = max(0, (limit + kKeys - 1) / kKeys);
   const int used = splits_in_use(tiles_total, num_splits);
   if (split >= used) return;  // uniform per CTA, before any barrier; the combine reads splits < used
@@ -287,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   const int unit_begin = tile_begin * (kKeys / kUnit);
   const int unit_end = min(tile_end * (kKeys / kUnit), (limit + kUnit - 1) / kUnit);
 
-  const int block_base = a.block_indptr[seq];
+  const int block_base = tr.block_base;
   // Row `lane` (lanes < kLoadRowsPerWarp) of this warp's share of the units, resolved in order
   // unit_begin, unit_begin + 1, ... one unit before its copies are issued: (block id, in-block
   // offset), block id -1 past `limit` or past unit_end. The block-table load then flies while a unit
@@ -585,7 +609,7 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
 // batch 1 x 128 heads x 28 splits). Napkin: reads used * (512 + 2) * 4 B per row.
 __global__ void __launch_bounds__(kRank / 4) mla_decode_tc_combine_kernel(MlaDecodeTcArgs a, int num_splits) {
   const int head = int(blockIdx.x), token = int(blockIdx.y), col = int(threadIdx.x) * 4;
-  const TokenRange tr = token_range(a, token);
+  const TokenRange tr = token_range<false>(a, token);
   const int used = splits_in_use(max(0, (tr.limit + kKeys - 1) / kKeys), num_splits);
   pdl_wait();  // every CTA waits, also those that return: this grid's end implies its predecessor's
   pdl_trigger();  // the next grid (expand_v's matvec) may start issuing its weight loads
@@ -736,12 +760,7 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream) {
   const int q_vec = reinterpret_cast<uintptr_t>(args.q) % 16 == 0 && args.q_row_stride % 4 == 0 &&
                     args.q_head_stride % 4 == 0;
   // The mma.sync kernel merges split partials itself (given tickets) where the grid has at most
-  // kFusedMaxSplits splits: its last CTA per tile reads the partials in rounds of two splits, so with
-  // many splits the combine kernel's spread over one CTA per row wins. Measured on the H200
-  // (2026-12-03, mla-decode bench, same process): batch 64 x 16 heads (4 splits) 93.9 us fused
-  // against 96.7 us with the combine kernel; batch 1 x 128 heads at ctx 1100 (14 splits, 9 in use)
-  // 19.3 us fused against 17.9 us.
-  constexpr int kFusedMaxSplits = 4;
+  // kFusedMaxSplits splits (see its definition).
   MlaDecodeTcArgs k = args;
   if (plan.wgmma || splits > kFusedMaxSplits) k.tickets = nullptr;
   if (plan.wgmma) {
