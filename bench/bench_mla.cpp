@@ -159,7 +159,8 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       for (int i = 0; i < kCalls; ++i) be->mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view);
     });
     const double ms = t.median_ms / kCalls;
-    report.add({"mla_decode", fmt::format("absorbed decode, batch {} x ctx {}, 16 heads [{} calls per event pair]", seqs, ctx, kCalls),
+    report.add({"mla_decode",
+                fmt::format("absorbed decode, batch {} x ctx {}, 16 heads [{} calls per event pair]", seqs, ctx, kCalls),
                 ms, cache_bytes / (ms * 1e-3) / 1e9, "GB/s", c.copy_gbps, "copy BW", 0,
                 "per-call average; no event between calls", fmt::format("16h x{}", kCalls)});
   }
