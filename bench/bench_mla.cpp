@@ -73,14 +73,17 @@ void make_paged_batch(PagedBatch& p, ops::Backend& be, int seqs, int ctx, int q_
 }
 
 // Times backend.mla_attention_absorbed over `pb` (`tokens` query rows, DeepSeek dims with `heads`
-// heads) on fresh random q (seed `seed`); `warm_runs` more untimed runs of the whole plan first.
+// heads) on fresh random q (seed `seed`); `warm_runs` more untimed runs of the whole plan first. Each
+// timed rep makes `calls_per_rep` back-to-back calls (the caller divides).
 Timing time_absorbed(ops::Backend& be, gpu::Stream s, const PagedBatch& pb, int tokens, int heads, uint64_t seed,
-                     const TimingPlan& plan, int warm_runs = 0) {
+                     const TimingPlan& plan, int warm_runs = 0, int calls_per_rep = 1) {
   const ops::MlaDims dims = dsv3_dims(heads);
   DevTensor q = dev_tensor(be, DType::F32, {tokens, heads, kKvDim});
   DevTensor out = dev_tensor(be, DType::F32, {tokens, heads, kRank});
   fill_random(q.view, seed, -1, 1, s);
-  auto call = [&](int) { be.mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view); };
+  auto call = [&](int) {
+    for (int i = 0; i < calls_per_rep; ++i) be.mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view);
+  };
   for (int i = 0; i < warm_runs; ++i) time_on_stream(s, plan, call);
   return time_on_stream(s, plan, call);
 }
@@ -149,15 +152,9 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   // difference to the per-call row is what one event pair and its kernel boundary cost.
   {
     constexpr int kCalls = 16;
-    const ops::MlaDims dims = dsv3_dims(16);
-    DevTensor q = dev_tensor(*be, DType::F32, {seqs, 16, kKvDim});
-    DevTensor out = dev_tensor(*be, DType::F32, {seqs, 16, kRank});
-    fill_random(q.view, 116, -1, 1, s);
     TimingPlan many = plan;
     many.max_reps = o.quick ? 4 : 24;
-    const Timing t = time_on_stream(s, many, [&](int) {
-      for (int i = 0; i < kCalls; ++i) be->mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view);
-    });
+    const Timing t = time_absorbed(*be, s, pb, seqs, 16, 116, many, 0, kCalls);
     const double ms = t.median_ms / kCalls;
     report.add({"mla_decode",
                 fmt::format("absorbed decode, batch {} x ctx {}, 16 heads [{} calls per event pair]", seqs, ctx, kCalls),

@@ -84,9 +84,9 @@ constexpr float kNegInf = -__builtin_huge_valf();
 // PTX wrappers (cp.async, ldmatrix, mma.sync) and their fragment layouts: gpu_mma.cuh.
 using namespace mma;
 
-// Query row `token`'s sequence (the largest s with q_indptr[s] <= token; empty sequences are
-// skipped), its causal limit (query i of the sequence sits at position kv_len - q_len + i and sees
-// positions < limit) and, kBlocks, its first block-table entry. Decode batches (one query per
+// Query row `token`'s causal limit (query i of its sequence s sits at position kv_len - q_len + i and
+// sees positions < limit; s is the largest with q_indptr[s] <= token, so empty sequences are
+// skipped) and, kBlocks, the sequence's first block-table entry. Decode batches (one query per
 // sequence: q_indptr[token] = token, q_indptr[token + 1] = token + 1, which pins s = token because
 // q_indptr is non-decreasing) take one memory round trip: those two entries, kv_lens[token] and
 // block_indptr[token] are loaded together, speculatively. Otherwise s = (the number of s in [0, S)
@@ -95,13 +95,13 @@ using namespace mma;
 // chain of 6), then the sequence's entries: three round trips where the fast path takes one, each
 // ~0.5-1 us before the first cache row can be requested. Call with the whole warp converged.
 struct TokenRange {
-  int seq, limit, block_base;
+  int limit, block_base;
 };
 template <bool kBlocks> __device__ __forceinline__ TokenRange token_range(const MlaDecodeTcArgs& a, int token) {
   if (token < a.num_seqs) {  // uniform per CTA
     const int q0 = a.q_indptr[token], q1 = a.q_indptr[token + 1], kv_len = a.kv_lens[token];
     const int base = kBlocks ? a.block_indptr[token] : 0;
-    if (q0 == token && q1 == token + 1) return {token, kv_len, base};
+    if (q0 == token && q1 == token + 1) return {kv_len, base};
   }
   const int lane = int(threadIdx.x) % 32;
   int count = 0;
@@ -112,7 +112,7 @@ template <bool kBlocks> __device__ __forceinline__ TokenRange token_range(const 
   }
   const int seq = max(count - 1, 0);
   const int q0 = a.q_indptr[seq], q_len = a.q_indptr[seq + 1] - q0, kv_len = a.kv_lens[seq];
-  return {seq, kv_len - q_len + (token - q0) + 1, kBlocks ? a.block_indptr[seq] : 0};
+  return {kv_len - q_len + (token - q0) + 1, kBlocks ? a.block_indptr[seq] : 0};
 }
 // Splits a token of `tiles_total` tiles uses out of the grid's num_splits (>= 1). The attention and
 // combine kernels both derive it from the same device data, so they agree on which partials exist.
