@@ -32,6 +32,9 @@ struct MoeTcArgs {
   int64_t hidden, inter;
   void* scratch;              // moe_tc_scratch_bytes(tokens, pairs, hidden, inter) bytes, 256-aligned
   float* y;                   // out: [pairs, hidden] fp32, row = pair index t * top_k + slot
+  // Gate/up K-split tickets: [slots * inter / 64] counters, zero between calls (the kernel leaves
+  // them zero); nullptr: no K split.
+  unsigned* k_tickets = nullptr;
 };
 
 bool moe_tc_shape_ok(MoeFormat format, int64_t hidden, int64_t inter);

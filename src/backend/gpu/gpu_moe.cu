@@ -478,6 +478,12 @@ void set_moe_path(ops::Backend& gpu, MoePath path) {
   backend->moe_state().path = path;
 }
 
+void set_moe_tc_k_split(ops::Backend& gpu, bool split) {
+  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
+  MLA_CHECK(backend != nullptr, "set_moe_tc_k_split: backend '{}' is not the GPU backend", gpu.name());
+  backend->moe_state().tc_k_split = split;
+}
+
 void GpuBackend::moe_route(const TensorView& router_logits, const TensorView& bias, const ops::MoeRouting& routing,
                            const TensorView& topk_ids, const TensorView& topk_weights) {
   check_2d(router_logits, DType::F32, "moe_route router_logits");
@@ -578,6 +584,9 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   float* h = reinterpret_cast<float*>(base += sz_counters);
   float* y = reinterpret_cast<float*>(base += sz_h);
   void* tc_scratch = base + sz_y;
+  // A ticket per gate/up tile of the tensor-core decode's K split (zero-filled when allocated).
+  unsigned* tc_tickets =
+      use_tc && moe_->tc_k_split ? moe_->tc_tickets.get_as<unsigned>(*this, size_t(std::min(num_experts, max_pairs) * (inter / 64))) : nullptr;
 
   const auto* dev_table = static_cast<const DeviceExpert*>(table.device.data());
   for (int64_t t0 = 0; t0 < num_tokens; t0 += chunk) {
@@ -600,6 +609,7 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
       a.inter = inter;
       a.scratch = tc_scratch;
       a.y = y;
+      a.k_tickets = tc_tickets;
       moe_tc_launch(table.format, a, stream());
     } else if (inter > 0 && pairs > 0) {
       ExpertLaunch a;

@@ -14,4 +14,8 @@ enum class MoePath { Auto, Decode, Grouped };
 // Sets the moe_experts path of `gpu` (a GpuBackend); Auto is the default.
 void set_moe_path(ops::Backend& gpu, MoePath path);
 
+// Test / bench knob: false keeps the tensor-core decode's gate/up pass unsplit over K (default true:
+// split over two CTAs per tile where its grid is small). Both give the same bits.
+void set_moe_tc_k_split(ops::Backend& gpu, bool split);
+
 }  // namespace mla::gpu

@@ -50,7 +50,9 @@ struct MoeExpertTable {
 
 struct MoeState {
   Scratch scratch;
+  Scratch tc_tickets;                 // MoeTcArgs::k_tickets: zero-filled when allocated, left zero by every call
   MoePath path = MoePath::Auto;
+  bool tc_k_split = true;             // set_moe_tc_k_split
   int tc_device = -1;                 // 1: the mma.sync decode path runs on this device, 0: not, -1: unprobed
   // One table per MoE layer's expert span, found by (data, size): a few dozen entries, linear search
   // (std::map of these trips a clang 15 HIP crash).
