@@ -3,11 +3,11 @@
 // with 16-byte evict-first loads straight into fragments (no shared memory); an expert's tokens are
 // the B columns (n = 8), prepared once as 16-bit rows. FP8: e4m3 -> f16 exact (cvt.rn.f16x2.e4m3x2),
 // activations f16 with a power-of-two scale per 64-k chunk, block scale applied to each 64-k partial
-// sum in fp32. INT4: the mma multiplies the raw nibbles (as 128 + n, exact in bf16) by bf16
-// activations, one 32-k group per output column, and each group's fp32 partial becomes
-// s (partial - 136 sum(x)) = sum((n - 8) s x): the weights enter exactly (q s in fp32, not rounded to
-// bf16 as weight_at rounds them: <= 2^-9 relative per weight, the size of the activations' own
-// rounding); the activations are rounded to bf16.
+// sum in fp32. INT4: the mma multiplies the raw nibbles (gate/up: as 1024 + n or 1024 + 16 n, exact
+// in f16, against f16 x with one power-of-two scale per row; down: as 128 + n, exact in bf16, against
+// bf16 h), one 32-k group per output column, and each group's fp32 partial becomes s (partial -
+// offset) = sum((n - 8) s x): the weights enter exactly (q s in fp32, not rounded to bf16 as
+// weight_at rounds them: <= 2^-9 relative per weight, the size of the activations' own rounding).
 #include "backend/gpu/gpu_decode_tc.h"
 
 #include <algorithm>
@@ -25,10 +25,11 @@ namespace {
 
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// Scratch: x16 [tokens, hidden] u16 | x_aux [tokens, hidden / 32] f32 | h16 [pairs, inter] u16 |
+// Scratch: x16 [tokens, hidden] u16 | x_aux [tokens, hidden / 32 + 1] f32 | h16 [pairs, inter] u16 |
 // h_aux [pairs, inter / 32] f32, each piece 256-byte aligned (16-byte rows: hidden, inter % 64 == 0).
-// aux rows: FP8, the inverse activation scale of each 64-k chunk (the first k / 64 entries); INT4,
-// the sum of each 32-k group of the bf16 activations.
+// aux rows: FP8, the inverse activation scale of each 64-k chunk (the first k / 64 entries); INT4 x,
+// each 32-k group's offset and then the row's inverse scale (moe_tc_prep_i4_kernel); INT4 h, the sum
+// of each 32-k group of the bf16 activations.
 constexpr int64_t kAuxK = 32;  // k per aux entry at most (INT4 groups; FP8 uses one per 64)
 struct TcLayout {
   size_t x16 = 0, x_aux = 0, h16 = 0, h_aux = 0, k_part = 0, total = 0;
@@ -45,7 +46,7 @@ TcLayout tc_layout(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter)
   TcLayout l;
   l.x16 = 0;
   l.x_aux = l.x16 + align256(size_t(tokens * hidden) * 2);
-  l.h16 = l.x_aux + align256(size_t(tokens * (hidden / kAuxK)) * 4);
+  l.h16 = l.x_aux + align256(size_t(tokens * (hidden / kAuxK + 1)) * 4);
   l.h_aux = l.h16 + align256(size_t(pairs * inter) * 2);
   l.k_part = l.h_aux + align256(size_t(pairs * (inter / kAuxK)) * 4);
   const int64_t split_tiles = tokens <= kKSplitMaxTokens ? std::min(kKSplitMaxTiles, pairs * (inter / kActChunk)) : 0;
@@ -77,7 +78,8 @@ namespace {
 // ~10 per byte):
 //   FP8, per 16-byte load: 8 cvt + 2 mma + 3 scale FFMA/FMUL + the load + ~1 shared B / inv / scale
 //        load ~= 15 per 16 B ~= 1 per byte (the fp32 decode kernel: ~5);
-//   INT4, per 8 nibbles: 3 shifts + 4 lop3 (128 + n as bf16x2) = 7 per 4 bytes, + mma, loads and
+//   INT4, per 8 nibbles: 3 shifts + 4 lop3 (128 + n as bf16x2) = 7 per 4 bytes (gate/up since
+//        2026-12-03: 1 shift + 4 lop3 as f16x2, int4x8_magic_f16x2), + mma, loads and
 //        per chunk 8 FFMA (offset and scale of 4 group partials) ~= 2.3 per byte (the fp32 kernel:
 //        ~9). Until 2026-12-03 each nibble pair also took 2 bf16x2 fma (q = n - 8, then bf16(q s)
 //        before the mma, because one mma step spans the 4 t-lanes' different 32-groups): ~4.3 per
@@ -122,10 +124,9 @@ struct TcOut {
 using namespace decode_tc;  // act_pos_i4, pow2_scale, f16_bits, word_of, fp8x2_to_f16x2, int4x2_magic_bf16x2
 
 // ---- prep: x rows -> 16-bit B rows ---------------------------------------------------------------
-// Grid (ceil(k / 64 / kWarps), rows); one warp per 64-element chunk, 2 elements per lane. ~us.
-// Writes the aux row too: FP8 the chunk's inverse scale, INT4 the sums of its two 32-groups.
-template <bool kF16>
-__global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __restrict__ x, int64_t x_stride,
+// FP8: grid (ceil(k / 64 / kWarps), rows); one warp per 64-element chunk, 2 elements per lane. ~us.
+// Writes the aux row too: the chunk's inverse scale.
+__global__ void __launch_bounds__(kThreads) moe_tc_prep_fp8_kernel(const float* __restrict__ x, int64_t x_stride,
                                                              int64_t k_dim, uint16_t* __restrict__ out,
                                                              int64_t out_stride, float* __restrict__ aux,
                                                              int64_t aux_stride) {
@@ -136,22 +137,57 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
   const int64_t row = blockIdx.y, k = c * kActChunk + 2 * lane;
   const float v0 = x[row * x_stride + k], v1 = x[row * x_stride + k + 1];
   uint16_t* o = out + row * out_stride;
-  if constexpr (kF16) {
-    const float m = warp_max(fmaxf(fabsf(v0), fabsf(v1)));
-    float scale, iv;
-    pow2_scale(m, scale, iv);
-    o[k] = f16_bits(v0 * scale);
-    o[k + 1] = f16_bits(v1 * scale);
-    if (lane == 0) aux[row * aux_stride + c] = iv;
-  } else {
-    const uint16_t b0 = f32_to_bf16_bits(v0), b1 = f32_to_bf16_bits(v1);
-    o[act_pos_i4(k)] = b0;
-    o[act_pos_i4(k + 1)] = b1;
-    float sum = bf16_bits_to_f32(b0) + bf16_bits_to_f32(b1);  // lanes 0-15: group 2c, 16-31: 2c + 1
+  const float m = warp_max(fmaxf(fabsf(v0), fabsf(v1)));
+  float scale, iv;
+  pow2_scale(m, scale, iv);
+  o[k] = f16_bits(v0 * scale);
+  o[k + 1] = f16_bits(v1 * scale);
+  if (lane == 0) aux[row * aux_stride + c] = iv;
+}
+
+// INT4 gate/up activations (x) as f16 B rows for int4x8_magic_f16x2's pairs. y = f16(x scale), one
+// power-of-two scale per row (max |y| in [2^14, 2^15): f16 keeps 11 bits down to 2^-28 of the row's
+// max); odd k hold y / 16 (exact), because their A halves carry 1024 + 16 n; stored at act_pos_i4(k).
+// The mma's partial of a group is then sum((n - 8) y) + 1032 sum_even(y) + 72 sum_odd(y): aux row =
+// that offset per 32-group (fixed-order warp sum), then 1 / scale. Grid (ceil(k / kPrepI4Slice),
+// rows): every CTA finds the row's max itself (the row is ~28 KB, L2-resident after the first CTA)
+// and converts its slice, so a batch-1 row is not one CTA's serial loop.
+constexpr int kPrepI4Slice = 1024;
+__global__ void __launch_bounds__(256) moe_tc_prep_i4_kernel(const float* __restrict__ x, int64_t x_stride, int64_t k_dim,
+                                                             uint16_t* __restrict__ out, int64_t out_stride,
+                                                             float* __restrict__ aux, int64_t aux_stride) {
+  pdl_enter();  // launched with PDL (launch_maybe_pdl)
+  __shared__ float red[256 / 32];
+  const float* xr = x + int64_t(blockIdx.y) * x_stride;
+  float amax = 0.0f;
+  constexpr int kLoads = 16;  // independent loads per round trip (DeepSeek-V3's 7168: two rounds)
+  for (int64_t k0 = threadIdx.x; k0 < k_dim; k0 += 256 * kLoads) {
+    float v[kLoads];
 #pragma unroll
-    for (int off = 1; off < 16; off <<= 1) sum += shfl_xor(sum, off);
-    if (lane % 16 == 0) aux[row * aux_stride + 2 * c + lane / 16] = sum;
+    for (int j = 0; j < kLoads; ++j) v[j] = k0 + 256 * j < k_dim ? fabsf(xr[k0 + 256 * j]) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) amax = fmaxf(amax, v[j]);
   }
+  amax = block_max(amax, red);
+  float scale, inv;
+  pow2_scale(amax, scale, inv);
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  uint16_t* o = out + int64_t(blockIdx.y) * out_stride;
+  float* a = aux + int64_t(blockIdx.y) * aux_stride;
+  const int64_t slice_end = int64_t(blockIdx.x + 1) * kPrepI4Slice;
+  const int64_t g_end = (slice_end < k_dim ? slice_end : k_dim) / 32;
+#pragma unroll 4
+  for (int64_t grp = int64_t(blockIdx.x) * (kPrepI4Slice / 32) + warp; grp < g_end; grp += 256 / 32) {
+    const int64_t k = grp * 32 + lane;
+    const float y = __half2float(__float2half_rn(xr[k] * scale));
+    const bool odd = (k & 1) != 0;
+    const uint16_t b = f16_bits(odd ? y * 0.0625f : y);
+    o[act_pos_i4(k)] = b;
+    const float off = odd ? 72.0f * 16.0f * __half2float(__ushort_as_half(b)) : 1032.0f * y;  // 16 b = y unless subnormal
+    const float sum = warp_sum(off);
+    if (lane == 0) a[grp] = sum;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) a[k_dim / 32] = inv;
 }
 
 // ---- expert kernel --------------------------------------------------------------------------------
@@ -181,8 +217,10 @@ __global__ void __launch_bounds__(kThreads) moe_tc_prep_kernel(const float* __re
 // token j of the pass (j < 2) restricted to group slot t': lane (g, t) supplies B[kk][g] = the
 // token's activation only when g % 4 == t, else 0. So D[m][n] = sum over kk in K(n % 4) = the 32 k of
 // group 4c + n % 4 of token n / 4, and lane (g, t) ends a chunk holding token t / 2's partials of
-// groups 4c + 2 (t % 2) and + 1 (c0, c1 for row g; c2, c3 for row g+8). A holds 128 + n (exact), so
-// each partial is sum((128 + n) x) and acc += s (partial - 136 sum(x)) per group; lanes t and t ^ 1
+// groups 4c + 2 (t % 2) and + 1 (c0, c1 for row g; c2, c3 for row g+8). Down: A holds 128 + n
+// (exact), so each partial is sum((128 + n) x) and acc += s (partial - 136 sum(x)) per group; gate/up:
+// A holds 1024 + n (even k) and 1024 + 16 n (odd k, whose B is x / 16), the offset is moe_tc_prep_i4's
+// (1032 sum_even(x) + 72 sum_odd(x)) and the row's 1 / scale multiplies the sums; lanes t and t ^ 1
 // add their halves at the end. The offset cancels within one group's 32 terms (fp32, ~1e-5
 // relative to the partial, next to 2^-9 for the bf16 activations).
 //
@@ -248,25 +286,42 @@ __device__ __forceinline__ void chunk_fp8(const uint4 (&a)[kMats][2], const uint
     acc[m][3] = fmaf(tmp[3], f1, acc[m][3]);
   }
 }
-template <int kMats>
+// kF16 (gate/up): f16 B from moe_tc_prep_i4_kernel, A from int4x8_magic_f16x2, xs = the groups'
+// offsets; else bf16 B, A = 128 + n (int4x2_magic_bf16x2), xs = the groups' sums of x (offset 136).
+template <int kMats, bool kF16>
 __device__ __forceinline__ void chunk_i4(const uint4 (&a)[kMats][2], const uint32_t (&sb)[kMats][2], const uint4 (&b)[4],
                                          float2 xs, float (&acc)[kMats][4]) {
 #pragma unroll
   for (int m = 0; m < kMats; ++m) {
     float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int wd = s / 2, h = s % 2;
+    for (int wd = 0; wd < 4; ++wd) {
       const uint32_t lo = word_of(a[m][0], wd), hi = word_of(a[m][1], wd);
-      const uint32_t af[4] = {int4x2_magic_bf16x2(lo, 2 * h), int4x2_magic_bf16x2(hi, 2 * h),
-                              int4x2_magic_bf16x2(lo, 2 * h + 1), int4x2_magic_bf16x2(hi, 2 * h + 1)};
-      mma::mma_bf16(tmp, af, word_of(b[(2 * s) / 4], (2 * s) % 4), word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4));
+      [[maybe_unused]] uint32_t pl[4], ph[4];
+      if constexpr (kF16) {
+        int4x8_magic_f16x2(lo, pl);
+        int4x8_magic_f16x2(hi, ph);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * wd + h;
+        const uint32_t b0 = word_of(b[(2 * s) / 4], (2 * s) % 4), b1 = word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4);
+        if constexpr (kF16) {
+          const uint32_t af[4] = {pl[2 * h], ph[2 * h], pl[2 * h + 1], ph[2 * h + 1]};
+          mma::mma_f16(tmp, af, b0, b1);
+        } else {
+          const uint32_t af[4] = {int4x2_magic_bf16x2(lo, 2 * h), int4x2_magic_bf16x2(hi, 2 * h),
+                                  int4x2_magic_bf16x2(lo, 2 * h + 1), int4x2_magic_bf16x2(hi, 2 * h + 1)};
+          mma::mma_bf16(tmp, af, b0, b1);
+        }
+      }
     }
+    const float ox = kF16 ? xs.x : 136.0f * xs.x, oy = kF16 ? xs.y : 136.0f * xs.y;
     const uint32_t sg = sb[m][0], sg8 = sb[m][1];
-    acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg)), fmaf(-136.0f, xs.x, tmp[0]), acc[m][0]);
-    acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg >> 16)), fmaf(-136.0f, xs.y, tmp[1]), acc[m][0]);
-    acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8)), fmaf(-136.0f, xs.x, tmp[2]), acc[m][1]);
-    acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8 >> 16)), fmaf(-136.0f, xs.y, tmp[3]), acc[m][1]);
+    acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg)), tmp[0] - ox, acc[m][0]);
+    acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg >> 16)), tmp[1] - oy, acc[m][0]);
+    acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8)), tmp[2] - ox, acc[m][1]);
+    acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8 >> 16)), tmp[3] - oy, acc[m][1]);
   }
 }
 
@@ -483,6 +538,10 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
     for (int m = 0; m < kMats; ++m)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][i] = acc_lo[m][i] = 0.0f;
+    // INT4 gate/up: 1 / the f16 scale of this lane's token (moe_tc_prep_i4_kernel), applied at the end.
+    [[maybe_unused]] float xinv = 1.0f;
+    if constexpr (kGateUp && !kFp8)
+      if (tok < ncols) xinv = act.aux[int64_t(plan.sorted[p0 + tok] / top_k) * act.aux_stride + k_dim / kAuxK];
 
     for (int half = 0; half < (kGateUp ? 2 : 1); ++half) {  // down: one range, [0, c_end)
       const int64_t r0 = half == 0 ? c_lo : max(c_lo, c_mid), r1 = half == 0 ? min(c_hi, c_mid) : c_hi;
@@ -531,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
             } else {
               // sum(x) of this lane's two groups for token `tok` (0 past the pass's columns).
               const float2 xs = tok < ncols ? *reinterpret_cast<const float2*>(s_gsum + lc * kAux) : make_float2(0.0f, 0.0f);
-              chunk_i4<kMats>(a[u], sbits[u], b, xs, acc);
+              chunk_i4<kMats, kGateUp>(a[u], sbits[u], b, xs, acc);  // gate/up: f16 x; down: bf16 h
             }
           };
           if constexpr (kPipe) {
@@ -590,7 +649,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
 #pragma unroll
       for (int m = 0; m < kMats; ++m)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[m][i] = acc_lo[m][i] + acc[m][i];
+        for (int i = 0; i < 4; ++i) acc[m][i] = (acc_lo[m][i] + acc[m][i]) * xinv;
     }
     write_pass<F, kGateUp, kMats>(acc, plan, out, p0, ncols, row0, int(blockIdx.y), colmax);
   }
@@ -606,11 +665,17 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   auto* h_aux = reinterpret_cast<float*>(base + l.h_aux);
   const int64_t hc = a.hidden / kActChunk, ic = a.inter / kActChunk;
   // aux entries per row: FP8 one per 64 k, INT4 one per 32-group.
-  const int64_t x_aux_stride = kFp8 ? hc : a.hidden / kAuxK, h_aux_stride = kFp8 ? ic : a.inter / kAuxK;
+  const int64_t x_aux_stride = kFp8 ? hc : a.hidden / kAuxK + 1, h_aux_stride = kFp8 ? ic : a.inter / kAuxK;
 
-  const dim3 gp(unsigned((hc + kWarps - 1) / kWarps), unsigned(a.tokens));
-  launch_maybe_pdl(moe_tc_prep_kernel<kFp8>, gp, dim3(kThreads), 0, true, stream, a.x, a.x_stride, a.hidden, x16, a.hidden,
-                   x_aux, x_aux_stride);
+  if constexpr (kFp8) {
+    const dim3 gp(unsigned((hc + kWarps - 1) / kWarps), unsigned(a.tokens));
+    launch_maybe_pdl(moe_tc_prep_fp8_kernel, gp, dim3(kThreads), 0, true, stream, a.x, a.x_stride, a.hidden, x16, a.hidden,
+                     x_aux, x_aux_stride);
+  } else {
+    const dim3 gp(unsigned((a.hidden + kPrepI4Slice - 1) / kPrepI4Slice), unsigned(a.tokens));
+    launch_maybe_pdl(moe_tc_prep_i4_kernel, gp, dim3(256), 0, true, stream, a.x, a.x_stride, a.hidden, x16, a.hidden, x_aux,
+                     x_aux_stride);
+  }
   MLA_GPU_LAUNCH_CHECK();
 
   // Staging window: the whole K when a pass's columns (min(tokens, pass)) fit the budget, else the

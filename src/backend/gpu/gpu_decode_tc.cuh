@@ -62,6 +62,19 @@ __device__ __forceinline__ uint32_t int4x2_magic_bf16x2(uint32_t w, int p) {
   return ((w >> (4 * p)) & 0x000f000fu) | 0x43004300u;
 }
 
+// The four nibble pairs (p, p + 4) of `w` as f16x2, exact, for p = 0..3: (1024 + n_p, 1024 +
+// n_{p+4}) for even p and (1024 + 16 n_p, 1024 + 16 n_{p+4}) for odd p (0x6400 | n is 1024 + n; f16's
+// ulp at 1024 is 1, so a nibble at bits 4..7 of a half adds 16 n). Five instructions for eight
+// weights (one shift, four lop3) against seven for int4x2_magic_bf16x2's bf16 pairs; the caller's
+// B carries x / 16 for odd p and an offset per group (moe_tc_prep_i4 in gpu_decode_tc.cu).
+__device__ __forceinline__ void int4x8_magic_f16x2(uint32_t w, uint32_t (&p)[4]) {
+  const uint32_t w8 = w >> 8;
+  p[0] = (w & 0x000f000fu) | 0x64006400u;
+  p[1] = (w & 0x00f000f0u) | 0x64006400u;
+  p[2] = (w8 & 0x000f000fu) | 0x64006400u;
+  p[3] = (w8 & 0x00f000f0u) | 0x64006400u;
+}
+
 // Nibbles p and p + 4 of `w` as the bf16x2 (bf16(q_p s), bf16(q_{p+4} s)), q = nibble - 8:
 // fma(128 + n, 1, -136) = q exactly; fma(q, s, -0) rounds the exact q s once to bf16 = weight_at's
 // round_scale_dtype(q * s) (sign of zero included). s2 = (s, s).
