@@ -345,16 +345,18 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16DeepSeekShape) {
   }
 }
 
-// The gate/up pass sums K in two fixed halves, over two CTAs per tile (the INT4 K split of small
-// grids, such as DeepSeek-V3 batch 1) or in one CTA: both must give the same bits, and so must a
-// token's row at batch 1 and inside a batch of 3 (INT4: two passes of columns, never split; FP8 is
-// never split, so its case checks the batch invariance alone). Also against the CPU.
+// The INT4 gate/up pass sums K in four fixed parts, over four CTAs per tile (grids of <= 256 tiles:
+// DeepSeek-V3 batch 1, inter 2048), two (<= 512 tiles: inter 4096 here) or one: all must give the
+// same bits, and so must a token's row at batch 1 and inside a batch of 3 (two passes of columns,
+// never split). FP8 is never split, so its case checks the batch invariance alone. Also against
+// the CPU.
 TEST(GpuParityMoe, TensorCoreDecodeBf16KSplitBitIdentical) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
   std::mt19937 rng(7600);
-  for (WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
-    const int64_t hidden = 7168, inter = 2048, num_experts = 8, tokens = 3;
+  for (const auto& [kind, inter] : {std::pair{WeightKind::FP8, int64_t(2048)}, std::pair{WeightKind::INT4_BF16, int64_t(2048)},
+                                    std::pair{WeightKind::INT4_BF16, int64_t(4096)}}) {
+    const int64_t hidden = 7168, num_experts = 8, tokens = 3;
     const int top_k = 8;
     const auto set = make_experts(rng, kind, num_experts, hidden, inter, 4);
     const Twin x = twin_random(rng, DType::F32, {tokens, hidden});
@@ -371,11 +373,12 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16KSplitBitIdentical) {
     };
     const Twin split1 = run(x1, ids1, w1, true), whole1 = run(x1, ids1, w1, false), batch3 = run(x, ids, weights, true);
     const std::vector<float> a = gpu_values(split1), b = gpu_values(whole1), c = gpu_values(batch3);
-    const std::string name = weight_kind_name(kind);
+    const std::string name = fmt::format("{} I{}", weight_kind_name(kind), inter);
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << name << ": K split on / off differ";
     EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0) << name << ": batch 1 / row 0 of batch 3 differ";
     cpu_backend().moe_experts(x1.cpu, ids1.cpu, w1.cpu, set->cpu, split1.cpu);
-    EXPECT_TRUE(check_parity("moe_experts", name + " decode T1 H7168 I2048 E8 k8 [bf16 tc, K split]", split1, tc_tol(kind)));
+    EXPECT_TRUE(check_parity("moe_experts", fmt::format("{} decode T1 H7168 E8 k8 [bf16 tc, K split]", name), split1,
+                             tc_tol(kind)));
   }
 }
 
