@@ -105,14 +105,18 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   const double cache_bytes = double(seqs) * ctx * kKvDim * 2.0;
   // 128 heads twice more with the attention kernel forced: the sm_90a wgmma kernel (what Auto runs on
   // an H200) and the mma.sync kernel it replaced (0 = Auto, 1 = MmaSync, 2 = Wgmma).
-  // 16 heads also with the split partials merged by the separate combine kernel (the baseline of the
-  // mma.sync kernel's fused merge; `fused` false).
+  // 16 heads also with the split partials merged by the last CTA per tile (tickets) and by the
+  // separate combine kernel (the baselines of the cluster merge Auto takes on an H200).
+  using Merge = gpu::MlaDecodeMerge;
   struct Run {
     int heads, forced;
-    bool fused;
+    Merge merge;
   };
-  const Run runs[] = {{16, 0, true}, {16, 0, false}, {16, 2, true}, {128, 0, true}, {128, 1, true},
-                      {128, 2, true}, {12, 0, true},  {8, 0, true}};
+  const Run runs[] = {{16, 0, Merge::Auto},  {16, 0, Merge::Tickets}, {16, 0, Merge::Kernel}, {16, 2, Merge::Auto},
+                      {128, 0, Merge::Auto}, {128, 1, Merge::Auto},   {128, 2, Merge::Auto},  {12, 0, Merge::Auto},
+                      {8, 0, Merge::Auto}};
+  constexpr const char* kMergeTag[] = {"", " [cluster merge]", " [ticket merge]", " [combine kernel]"};
+  constexpr const char* kMergeKey[] = {"", " cluster", " tickets", " combine"};
   constexpr gpu::MlaDecodeKernel kForced[] = {gpu::MlaDecodeKernel::Auto, gpu::MlaDecodeKernel::MmaSync,
                                               gpu::MlaDecodeKernel::Wgmma};
   constexpr const char* kForcedTag[] = {"", " mma.sync", " wgmma"};
@@ -120,12 +124,13 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   plan.max_reps = o.quick ? 20 : 200;
   plan.budget_ms = o.quick ? 100 : 1000;
   bool first_case = true;
-  for (const auto& [heads, forced, fused] : runs) {
+  for (const auto& [heads, forced, merge] : runs) {
+    const bool auto_merge = merge == Merge::Auto;  // the row the target applies to
     const auto kernel = kForced[forced];
     // Forced wgmma pads the heads to its 64-head tile.
     if (forced >= 2 && !gpu::mla_decode_sm90a_supported((heads + 63) / 64 * 64, kRank, kRope)) continue;
     gpu::set_mla_decode_kernel(*be, kernel);
-    gpu::set_mla_decode_fused_combine(*be, fused);
+    gpu::set_mla_decode_merge(*be, merge);
     // The first case once more, unreported, before its timed run: its first run after the ceilings
     // read 56-71% in four processes on the same build (2026-12-01) while later rows moved by ~1%.
     const Timing t = time_absorbed(*be, s, pb, seqs, heads, 100 + uint64_t(heads), plan, first_case ? 1 : 0);
@@ -134,19 +139,19 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
     const double gbps = cache_bytes / sec / 1e9;
     const double tflops = double(seqs) * 2.0 * heads * ctx * (kKvDim + kRank) / sec / 1e12;
     gpu::set_mla_decode_kernel(*be, gpu::MlaDecodeKernel::Auto);
-    gpu::set_mla_decode_fused_combine(*be, true);
+    gpu::set_mla_decode_merge(*be, Merge::Auto);
     const std::string name = fmt::format("absorbed decode, batch {} x ctx {}, {} heads{}{}{}", seqs, ctx, heads,
                                          heads % 16 ? " (padded to 16)" : "",
                                          forced ? fmt::format(" [{} forced]", kForcedTag[forced] + 1) : "",
-                                         fused ? "" : " [combine kernel]");
+                                         kMergeTag[int(merge)]);
     if (heads == 128)
       report.add({"mla_decode", name, t.median_ms, tflops, "TFLOP/s", c.bf16_tflops, "bf16 GEMM", forced ? 0 : 0.6,
                   fmt::format("cache {:.0f} GB/s", gbps),
                   fmt::format("{}h{}", heads, kForcedTag[forced])});
     else
       report.add({"mla_decode", name, t.median_ms, gbps, "GB/s", c.copy_gbps, "copy BW",
-                  heads == 16 && !forced && fused ? 0.8 : 0, fmt::format("{:.1f} TFLOP/s; cache bytes only", tflops),
-                  fmt::format("{}h{}{}", heads, kForcedTag[forced], fused ? "" : " combine")});
+                  heads == 16 && !forced && auto_merge ? 0.8 : 0, fmt::format("{:.1f} TFLOP/s; cache bytes only", tflops),
+                  fmt::format("{}h{}{}", heads, kForcedTag[forced], kMergeKey[int(merge)])});
   }
   // The 16-head row once more with 16 calls between one pair of events (per-call average): the
   // difference to the per-call row is what one event pair and its kernel boundary cost.
@@ -182,13 +187,13 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   for (const int forced : {0, 1, 2, 3}) {  // 3: Auto with the combine kernel
     if (forced == 2 && !gpu::mla_decode_sm90a_supported(128, kRank, kRope)) continue;
     gpu::set_mla_decode_kernel(*be, kForced[forced % 3]);
-    gpu::set_mla_decode_fused_combine(*be, forced != 3);
+    gpu::set_mla_decode_merge(*be, forced == 3 ? Merge::Kernel : Merge::Auto);
     TimingPlan b1_plan;
     b1_plan.max_reps = o.quick ? 20 : 400;
     b1_plan.budget_ms = o.quick ? 50 : 200;
     const Timing t = time_absorbed(*be, s, one, 1, 128, 300, b1_plan);
     gpu::set_mla_decode_kernel(*be, gpu::MlaDecodeKernel::Auto);
-    gpu::set_mla_decode_fused_combine(*be, true);
+    gpu::set_mla_decode_merge(*be, Merge::Auto);
     const std::string tag = forced == 3 ? " [combine kernel]"
                             : forced    ? fmt::format(" [{} forced]", kForcedTag[forced] + 1)
                                         : std::string();

@@ -242,16 +242,24 @@ TEST(GpuParityMla, AbsorbedTensorCoreLongContextAndMixed) {
 
 // The mma.sync kernel's split bookkeeping: cache rows resolved from the block table incrementally
 // (block sizes 1, 7, 16 and 100 against 32- and 64-key units: several blocks per unit, units across
-// block edges) and the split merge, done by the last CTA of each tile where the grid has <= 4
-// splits (fused on) or by the combine kernel. The geometries (split counts from num_splits_for on
+// block edges) and the split merge where the grid has <= 4 splits: in a thread-block cluster (on
+// sm_90), by the last CTA of each tile (tickets) or by the combine kernel. The geometries (split counts from num_splits_for on
 // 132 SMs): 5 tokens x 16 / 20 / 128 heads, ~14-23 splits (always the combine kernel), 2999 / 1100
 // keys leave empty splits and 1 / 65 keys run direct; 64 tokens x 16 heads, two 32-key CTAs per SM
 // with 4 splits (ctx 560 = 9 tiles: split 3 is empty); 32 tokens x 16 heads, one 64-key CTA per SM
 // with 4 splits; 40 tokens x 128 heads with the mma.sync kernel forced, 32-head CTAs with 3 splits.
-struct FusedCombineGuard {
-  explicit FusedCombineGuard(bool fused) { gpu::set_mla_decode_fused_combine(gpu_backend(), fused); }
-  ~FusedCombineGuard() { gpu::set_mla_decode_fused_combine(gpu_backend(), true); }
+struct MergeGuard {
+  explicit MergeGuard(gpu::MlaDecodeMerge merge) { gpu::set_mla_decode_merge(gpu_backend(), merge); }
+  ~MergeGuard() { gpu::set_mla_decode_merge(gpu_backend(), gpu::MlaDecodeMerge::Auto); }
 };
+// The merges a test runs: Cluster where the device has clusters (sm_90), Tickets, Kernel.
+std::vector<std::pair<gpu::MlaDecodeMerge, std::string>> decode_merges() {
+  std::vector<std::pair<gpu::MlaDecodeMerge, std::string>> m;
+  if (gpu::mla_decode_cluster_merge_supported()) m.emplace_back(gpu::MlaDecodeMerge::Cluster, "cluster merge");
+  m.emplace_back(gpu::MlaDecodeMerge::Tickets, "ticket merge");
+  m.emplace_back(gpu::MlaDecodeMerge::Kernel, "combine kernel");
+  return m;
+}
 
 TEST(GpuParityMla, AbsorbedTensorCoreSplitMergeAndBlockSizes) {
   if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, deepseek_mla_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
@@ -270,9 +278,8 @@ TEST(GpuParityMla, AbsorbedTensorCoreSplitMergeAndBlockSizes) {
                              tc_tolerance(out)));
   };
   const std::vector<SeqSpec> wide = decode_rows(64, 600), mid = decode_rows(32, 900), big = decode_rows(40, 700);
-  for (bool fused : {true, false}) {
-    FusedCombineGuard guard(fused);
-    const std::string tag = fused ? "fused on" : "fused off";
+  for (const auto& [merge, tag] : decode_merges()) {
+    MergeGuard guard(merge);
     for (int block_size : {1, 7, 16, 100}) {
       const std::vector<SeqSpec> few = {{1, 2999}, {1, 1}, {1, 1100}, {1, 65}, {1, 130}};
       for (int heads : {16, 20, 128}) run_case(few, heads, block_size, tag + " seqs " + seqs_name(few));
@@ -287,15 +294,17 @@ TEST(GpuParityMla, AbsorbedTensorCoreSplitMergeAndBlockSizes) {
 
 // Decode steps are graph-captured: the tensor-core kernel's grid depends on shapes only, while the
 // splits each token uses follow kv_lens on the device. One capture, then replays at new contexts (same
-// buffers, fresh kv_lens; the tables cover the first step's, longest, contexts): 2 and 3 tiles (one
-// split in use: the kernel writes out and the combine skips the row; two splits), 18 tiles (9), and
-// back. out is re-poisoned before each replay, so only the replay can pass.
+// buffers, fresh kv_lens; the tables cover the first step's, longest, contexts). Two tokens: 2 and 3
+// tiles (one split in use: the kernel writes out and the combine skips the row; two splits), 18
+// tiles (9), and back. 64 tokens x 16 heads: the 4-split grid, with each merge (cluster, tickets,
+// combine kernel), at contexts that use 4, 2-3, 1-2 and 1 splits. out is re-poisoned before each
+// replay, so only the replay can pass.
 TEST(GpuParityMla, AbsorbedTensorCoreGraphReplayContexts) {
   if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, deepseek_mla_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
   std::mt19937 rng(307);
   ops::Backend& be = gpu_backend();
-  for (int heads : {16, 20, 128}) {  // 20: the dispatcher's head padding is captured too
-    auto b = make_twin_batch(rng, {{1, 1100}, {1, 300}}, 64);
+  auto run = [&](const std::vector<SeqSpec>& first, int heads, const std::vector<std::vector<int32_t>>& steps) {
+    auto b = make_twin_batch(rng, first, 64);
     const ops::MlaDims d = deepseek_mla_dims(heads);
     Twin cache = make_cache(rng, *b, DType::BF16, d.kv_dim());
     const Twin q = twin_random(rng, DType::F32, {b->tokens, heads, d.kv_dim()});
@@ -306,22 +315,36 @@ TEST(GpuParityMla, AbsorbedTensorCoreGraphReplayContexts) {
     be.synchronize();
     std::unique_ptr<ops::OpGraph> graph =
         be.capture([&] { be.mla_attention_absorbed(q.gpu, cache.gpu, b->gpu, d, out.gpu); });
-    const int32_t steps[][2] = {{100, 300}, {128, 2}, {129, 65}, {1100, 300}, {700, 1}};
     for (const auto& lens : steps) {
-      b->kv_lens[0] = lens[0];  // the host mirror the CPU reads
-      b->kv_lens[1] = lens[1];
-      std::memcpy(static_cast<char*>(b->kv_lens_t.host_buf->data()) +
-                      b->kv_lens_t.offset() * int64_t(sizeof(int32_t)),
-                  b->kv_lens.data(), 2 * sizeof(int32_t));
+      ASSERT_EQ(lens.size(), first.size());
+      for (size_t i = 0; i < lens.size(); ++i) b->kv_lens[i] = lens[i];  // the host mirror the CPU reads
+      std::memcpy(static_cast<char*>(b->kv_lens_t.host_buf->data()) + b->kv_lens_t.offset() * int64_t(sizeof(int32_t)),
+                  b->kv_lens.data(), lens.size() * sizeof(int32_t));
       sync_to_device(b->kv_lens_t);
       be.synchronize();
       be.copy(poison.gpu, out.gpu);
       graph->replay();
       be.synchronize();
       cpu_backend().mla_attention_absorbed(q.cpu, cache.cpu, b->cpu, d, out.cpu);
-      const std::string name = fmt::format("graph replay H {} kv_lens {}/{}", heads, lens[0], lens[1]);
+      const std::string name = fmt::format("graph replay H {} T {} kv_lens {}/{}", heads, lens.size(), lens[0], lens[1]);
       EXPECT_TRUE(check_parity("mla_absorbed tc", name, out, tc_tolerance(out)));
     }
+  };
+  const std::vector<std::vector<int32_t>> two = {{100, 300}, {128, 2}, {129, 65}, {1100, 300}, {700, 1}};
+  for (int heads : {16, 20, 128}) run({{1, 1100}, {1, 300}}, heads, two);  // 20: the head padding is captured too
+  std::vector<SeqSpec> wide(64, SeqSpec{1, 600});
+  std::vector<std::vector<int32_t>> wide_steps;
+  for (int32_t base : {600, 300, 129, 64}) {  // ~10, 4-5, 2-3 and 1 tiles: 4, 2-3, 1-2 and 1 splits in use
+    std::vector<int32_t> lens(64);
+    for (int i = 0; i < 64; ++i) lens[i] = std::max(1, base - int32_t(rng() % 64u));
+    wide_steps.push_back(lens);
+  }
+  // Auto merges this grid with tickets on an H200 (64 clusters of 4 do not fit one wave:
+  // clusters_fit); the cluster merge is forced so that it is captured too.
+  for (const auto& [merge, tag] : decode_merges()) {
+    MergeGuard guard(merge);
+    SCOPED_TRACE(tag);
+    run(wide, 16, wide_steps);
   }
 }
 

@@ -291,8 +291,8 @@ void run_tensor_core(GpuBackend& be, const TensorView& q, const CacheView& cache
   const size_t o_bytes = padded ? size_t(num_tokens * heads_padded * rank) * sizeof(float) : 0;
   char* base = static_cast<char*>(be.mla_state().scratch.get(be, ws_bytes + q_bytes + o_bytes));
   a.workspace = base;
-  if (be.mla_state().decode_fused_combine)
-    a.tickets = be.mla_state().decode_tickets.get_as<unsigned>(be, size_t(num_tokens * (heads_padded / kMlaTcHeadTile)));
+  a.merge = be.mla_state().decode_merge;
+  a.tickets = be.mla_state().decode_tickets.get_as<unsigned>(be, size_t(num_tokens * (heads_padded / kMlaTcHeadTile)));
   if (padded) {
     float* q_pad = reinterpret_cast<float*>(base + ws_bytes);
     float* out_pad = reinterpret_cast<float*>(base + ws_bytes + q_bytes);
@@ -356,10 +356,10 @@ void set_mla_decode_kernel(ops::Backend& gpu, MlaDecodeKernel kernel) {
   backend->mla_state().decode_kernel = kernel;
 }
 
-void set_mla_decode_fused_combine(ops::Backend& gpu, bool fused) {
+void set_mla_decode_merge(ops::Backend& gpu, MlaDecodeMerge merge) {
   auto* backend = dynamic_cast<GpuBackend*>(&gpu);
-  MLA_CHECK(backend != nullptr, "set_mla_decode_fused_combine: backend '{}' is not the GPU backend", gpu.name());
-  backend->mla_state().decode_fused_combine = fused;
+  MLA_CHECK(backend != nullptr, "set_mla_decode_merge: backend '{}' is not the GPU backend", gpu.name());
+  backend->mla_state().decode_merge = merge;
 }
 
 void GpuBackend::mla_attention_absorbed(const TensorView& q, const TensorView& cache, const ops::AttentionBatch& batch,

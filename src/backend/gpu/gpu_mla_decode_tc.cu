@@ -8,11 +8,16 @@
 #include "backend/gpu/gpu_mla_decode_sm90a.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "backend/gpu/gpu_device.cuh"
 #include "backend/gpu/gpu_mma.cuh"
 #include "core/status.h"
+
+#if MLA_GPU_CUDA
+#include <cooperative_groups.h>
+#endif
 
 namespace mla::gpu {
 
@@ -41,13 +46,13 @@ constexpr int kMaxSplits = kMlaDecodeMaxSplits;  // 32
 // the context): a short context (batch 1, ctx 1100 = 18 tiles) uses 9 splits instead of all 28 of
 // the grid, and the unused CTAs exit at once.
 constexpr int kMinTilesPerSplit = kMlaDecodeMinTilesPerSplit;  // 2
-// The attention kernel merges its split partials itself (given tickets) only in grids of at most
-// this many splits: its last CTA per tile reads the partials in rounds of two splits, so with many
-// splits the combine kernel's spread over one CTA per row wins. Measured on the H200 (2026-12-03,
-// mla-decode bench, same process): batch 64 x 16 heads (4 splits) 93.9 us fused against 96.7 us
-// with the combine kernel; batch 1 x 128 heads at ctx 1100 (14 splits, 9 in use) 19.3 us fused
-// against 17.9 us.
-constexpr int kFusedMaxSplits = 4;
+// The attention kernel merges its split partials itself (in a cluster, or given tickets) only in
+// grids of at most this many splits: the ticket merge's last CTA per tile reads the partials in
+// rounds of two splits, so with many splits the combine kernel's spread over one CTA per row wins.
+// Measured on the H200 (2026-12-03, mla-decode bench, same process): batch 64 x 16 heads (4 splits)
+// 93.9 us with tickets against 96.7 us with the combine kernel; batch 1 x 128 heads at ctx 1100 (14
+// splits, 9 in use) 19.3 us with tickets against 17.9 us.
+constexpr int kFusedMaxSplits = kMlaDecodeMaxFusedSplits;
 static_assert(kKSteps % kDimSplit == 0 && kRank % (kWarps * 16) == 0 && kHeadTile == 16);
 
 // A CTA runs M head tiles (16 M heads) over the cache in units of U keys that stream through a ring
@@ -236,6 +241,70 @@ __device__ void merge_if_last(const MlaDecodeTcArgs& a, int token, int head0, in
   }
 }
 
+// The cluster merge: the `nsplit` CTAs of one (token, head tile) form a thread-block cluster (rank
+// = split) and every one calls this, having put its partial in its own shared memory: o_s [kHeads]
+// rows of kOStride floats (unnormalized O) and m_s / l_s [kHeads] (an unused or empty split: l = 0,
+// o_s not written). After a cluster barrier (release / acquire: the peers' partials are visible)
+// each CTA merges an nsplit-th of the tile's (row, 4-column) items, reading the peers' partials
+// through distributed shared memory, with the weights and the split order of split_weights and the
+// combine kernel (the same bits). A second barrier keeps every CTA's shared memory alive until its
+// peers have read it. Cost: two cluster barriers and one round of DSMEM loads (~1 us), where the
+// ticket merge pays a fence, the atomic and two rounds of L2 loads in one CTA after the last split.
+constexpr int kOStride = kRank + 8;  // o_s row: 520 floats, conflict-free float2 stores of C fragments
+template <int kHeads>
+__device__ void merge_in_cluster(const MlaDecodeTcArgs& a, int token, int head0, int nsplit, const float* o_s,
+                                 const float* m_s, const float* l_s) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const int rank = int(cluster.block_rank());
+  constexpr int kVecs = kRank / 4;
+  const float* peer_o[kFusedMaxSplits];
+  const float* peer_m[kFusedMaxSplits];
+  const float* peer_l[kFusedMaxSplits];
+#pragma unroll
+  for (int i = 0; i < kFusedMaxSplits; ++i) {
+    const int r = i < nsplit ? i : 0;
+    peer_o[i] = cluster.map_shared_rank(o_s, r);
+    peer_m[i] = cluster.map_shared_rank(m_s, r);
+    peer_l[i] = cluster.map_shared_rank(l_s, r);
+  }
+  for (int idx = rank * kThreads + int(threadIdx.x); idx < kHeads * kVecs; idx += nsplit * kThreads) {
+    const int r = idx / kVecs, col = (idx % kVecs) * 4;
+    float m[kFusedMaxSplits], l[kFusedMaxSplits];
+    float4 v[kFusedMaxSplits];
+#pragma unroll
+    for (int i = 0; i < kFusedMaxSplits; ++i) {  // every load issued before any use: one round trip
+      m[i] = kNegInf;
+      l[i] = 0.0f;
+      v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (i < nsplit) {
+        m[i] = peer_m[i][r];
+        l[i] = peer_l[i][r];
+        v[i] = *reinterpret_cast<const float4*>(peer_o[i] + r * kOStride + col);
+      }
+    }
+    float big_m = kNegInf;
+#pragma unroll
+    for (int i = 0; i < kFusedMaxSplits; ++i)
+      if (l[i] > 0.0f) big_m = fmaxf(big_m, m[i]);
+    float den = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int i = 0; i < kFusedMaxSplits; ++i) {
+      if (l[i] > 0.0f) {
+        const float w = exp2f(m[i] - big_m);
+        den += w * l[i];
+        acc.x += w * v[i].x; acc.y += w * v[i].y; acc.z += w * v[i].z; acc.w += w * v[i].w;
+      }
+    }
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    float* out = a.out + int64_t(token) * a.out_row_stride + int64_t(head0 + r) * a.out_head_stride + col;
+    out[0] = acc.x * inv; out[1] = acc.y * inv; out[2] = acc.z * inv; out[3] = acc.w * inv;
+  }
+  cluster.sync();
+}
+
 // ---- the attention kernel -------------------------------------------------------------------------
 // Napkin math per CTA and U-key unit: cache bytes U * 1152; FLOPs 2 * 16M * U * (576 + 512) (16
 // heads: 30 FLOP/B, memory-bound; 128 heads = 8/M CTAs per token share the unit through L2:
@@ -253,7 +322,9 @@ __device__ void merge_if_last(const MlaDecodeTcArgs& a, int token, int head0, in
 // unit through L2), y = KV split (the most any row may use; a row uses splits_in_use of them), z =
 // query token. Block: 8 warps (2 per SM sub-partition, so one warp's ldmatrix/mma latency hides
 // behind the other's).
-template <int M, int U, int S, int CTAS>
+// kCluster: launched as clusters of the grid's num_splits CTAs along y (2..kFusedMaxSplits), which
+// merge their partials in merge_in_cluster; a.tickets is then unused.
+template <int M, int U, int S, int CTAS, bool kCluster>
 __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecodeTcArgs a, int num_splits, int q_vec) {
   using G = TcGeom<M, U, S>;
   constexpr int kHeads = G::kHeads, kStages = S, kUnit = U, kLoadRowsPerWarp = G::kLoadRowsPerWarp;
@@ -269,6 +340,8 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   float* l_s = m_s + kHeads;                                                  // [kHeads] running sum
   __shared__ unsigned last_s;  // fused merge: this CTA took its tile's last ticket
   static_assert((kFusedMaxSplits + 1) * kHeads * 4 <= G::kKvBytes, "the merge's weights fit the ring");
+  static_assert(kHeads * kOStride * 4 <= G::kKvBytes, "the cluster merge's partial O fits the ring");
+  float* o_s = reinterpret_cast<float*>(smem);  // cluster merge: [kHeads][kOStride], over the ring
 
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -283,8 +356,18 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   const int limit = tr.limit;
   const int tiles_total = max(0, (limit + kKeys - 1) / kKeys);
   const int used = splits_in_use(tiles_total, num_splits);
-  if (split >= used) return;  // uniform per CTA, before any barrier; the combine reads splits < used
   const bool direct = used == 1;  // this CTA (split 0) owns the whole context: write out, no partials
+  // Uniform per CTA, before any barrier. The combine reads splits < used; a cluster (one token's
+  // splits, so `used` is uniform across it) merges unless direct, and then every CTA takes part.
+  if (split >= used && (!kCluster || direct)) return;
+  if (kCluster && split >= used) {
+    if (tid < kHeads) {
+      m_s[tid] = kNegInf;
+      l_s[tid] = 0.0f;
+    }
+    merge_in_cluster<kHeads>(a, token, head0, num_splits, o_s, m_s, l_s);
+    return;
+  }
   const int tiles_per_split = (tiles_total + used - 1) / used;
   const int tile_begin = split * tiles_per_split;
   const int tile_end = min(tile_begin + tiles_per_split, tiles_total);
@@ -296,6 +379,12 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
     if (direct) {  // only for an invalid batch (kv_len < q_len): no keys, write zeros
       for (int i = tid; i < kHeads * kRank; i += kThreads)
         a.out[int64_t(token) * a.out_row_stride + int64_t(head0 + i / kRank) * a.out_head_stride + i % kRank] = 0.0f;
+    } else if (kCluster) {
+      if (tid < kHeads) {
+        m_s[tid] = kNegInf;
+        l_s[tid] = 0.0f;
+      }
+      merge_in_cluster<kHeads>(a, token, head0, num_splits, o_s, m_s, l_s);
     } else {
       if (tid < kHeads) {
         ws_ml[(part_row + size_t(tid)) * 2 + 0] = kNegInf;
@@ -565,6 +654,20 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   }
   cp_async_wait_all();  // the empty trailing groups; nothing may be in flight when the CTA exits
   // m_s / l_s were written before the last (C) and are not written again: safe to read here.
+  if (kCluster && !direct) {
+    __syncthreads();  // every warp's last P V read of the ring is done: o_s may overwrite it
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float* lo = o_s + (m * 16 + g) * kOStride + warp * kColsPerWarp + 2 * t4;
+#pragma unroll
+      for (int nt = 0; nt < kNTilesPerWarp; ++nt) {
+        *reinterpret_cast<float2*>(lo + nt * 8) = make_float2(o[m][nt][0], o[m][nt][1]);
+        *reinterpret_cast<float2*>(lo + 8 * kOStride + nt * 8) = make_float2(o[m][nt][2], o[m][nt][3]);
+      }
+    }
+    merge_in_cluster<kHeads>(a, token, head0, num_splits, o_s, m_s, l_s);
+    return;
+  }
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const int r_lo = m * 16 + g, r_hi = r_lo + 8;
@@ -700,15 +803,70 @@ DecodePlan plan_for(const MlaDecodeTcArgs& args) {
   return p;
 }
 
+// cluster: clusters of (1, splits, 1) CTAs, one per (head tile, token), merging in the kernel
+// (merge_in_cluster); launched with PDL like the others.
+// The launch of one geometry (cluster: clusters of (1, splits, 1)).
 template <int M, int U, int S, int CTAS>
-void launch_attention(const MlaDecodeTcArgs& args, int splits, int q_vec, Stream stream) {
+cudaLaunchConfig_t attention_config(const MlaDecodeTcArgs& args, int splits, bool cluster, Stream stream,
+                                    cudaLaunchAttribute (&attr)[2]) {
+  attr[0] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = unsigned(splits);
+  attr[0].val.clusterDim.z = 1;
+  attr[1] = {};
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(args.num_heads / (kHeadTile * M)), unsigned(splits), unsigned(args.num_tokens));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = TcGeom<M, U, S>::kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = cluster ? attr : attr + 1;
+  cfg.numAttrs = cluster ? 2 : 1;
+  return cfg;
+}
+
+// Whether the grid's clusters of `splits` CTAs are all resident at once. A cluster's CTAs share one
+// GPC, so clusters pack worse than CTAs: on the H200 (132 SMs) at two 95 KB CTAs per SM, 62 clusters
+// of 4 fit against 264 lone CTAs, and batch 64 x 16 heads x 4 splits = 64 clusters would run a
+// second wave (measured 2026-12-03: 125.9 us against 92.6 us with tickets). Per (geometry, splits),
+// asked once (cudaOccupancyMaxActiveClusters).
+template <int M, int U, int S, int CTAS>
+bool clusters_fit(const MlaDecodeTcArgs& args, int splits, Stream stream) {
+  static std::atomic<int> max_clusters[kFusedMaxSplits + 1] = {};  // 0: not asked yet
+  int n = max_clusters[splits].load(std::memory_order_relaxed);
+  if (n == 0) {
+    const auto kernel = mla_decode_tc_kernel<M, U, S, CTAS, true>;
+    MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TcGeom<M, U, S>::kSmemBytes));
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = attention_config<M, U, S, CTAS>(args, splits, true, stream, attr);
+    MLA_GPU_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+    n = std::max(n, 1);
+    max_clusters[splits].store(n, std::memory_order_relaxed);
+  }
+  return int64_t(args.num_tokens) * (args.num_heads / (kHeadTile * M)) <= n;
+}
+
+template <int M, int U, int S, int CTAS>
+void launch_attention(const MlaDecodeTcArgs& args, int splits, int q_vec, bool cluster, Stream stream) {
   constexpr int kSmem = TcGeom<M, U, S>::kSmemBytes;
   static_assert(CTAS * (kSmem + 1024) <= 228 * 1024, "CTAs per SM must fit the SM's shared memory");
-  const auto kernel = mla_decode_tc_kernel<M, U, S, CTAS>;
-  MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid(unsigned(args.num_heads / (kHeadTile * M)), unsigned(splits), unsigned(args.num_tokens));
-  launch_maybe_pdl(kernel, grid, dim3(kThreads), kSmem, true, stream, args, splits, q_vec);
+  if (!cluster) {
+    const auto kernel = mla_decode_tc_kernel<M, U, S, CTAS, false>;
+    MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    launch_maybe_pdl(kernel, grid, dim3(kThreads), kSmem, true, stream, args, splits, q_vec);
+    return;
+  }
+  const auto kernel = mla_decode_tc_kernel<M, U, S, CTAS, true>;
+  MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = attention_config<M, U, S, CTAS>(args, splits, true, stream, attr);
+  MLA_GPU_CHECK(cudaLaunchKernelEx(&cfg, kernel, args, splits, q_vec));
 }
+
+
 
 // The combine, launched with programmatic stream serialization (PDL; a programmatic edge when
 // captured): it may start once every attention CTA has triggered, and waits for that grid in-kernel.
@@ -725,6 +883,13 @@ bool mla_decode_tc_supported(int num_heads, int kv_lora_rank, int rope_dim) {
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
   return major >= 8;
+}
+
+bool mla_decode_cluster_merge_supported() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  return major >= 9;
 }
 
 size_t mla_decode_tc_workspace_bytes(const MlaDecodeTcArgs& args) {
@@ -759,25 +924,40 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream) {
   // float4 loads of q need 16-byte rows; otherwise the scalar staging loop (same values).
   const int q_vec = reinterpret_cast<uintptr_t>(args.q) % 16 == 0 && args.q_row_stride % 4 == 0 &&
                     args.q_head_stride % 4 == 0;
-  // The mma.sync kernel merges split partials itself (given tickets) where the grid has at most
-  // kFusedMaxSplits splits (see its definition).
+  // The mma.sync kernel merges split partials itself (in clusters, or given tickets) where the grid
+  // has 2..kFusedMaxSplits splits (see its definition); else the combine kernel does.
   MlaDecodeTcArgs k = args;
-  if (plan.wgmma || splits > kFusedMaxSplits) k.tickets = nullptr;
+  const bool fusable = !plan.wgmma && splits > 1 && splits <= kFusedMaxSplits;
+  MLA_CHECK(args.merge != MlaDecodeMerge::Cluster || !fusable || mla_decode_cluster_merge_supported(),
+            "mla_decode_tc: cluster merge forced but thread-block clusters need compute capability 9.0");
+  auto fits = [&]() {
+    switch (plan.variant) {
+      case TcVariant::M2U64S2: return clusters_fit<2, 64, 2, 1>(args, splits, stream);
+      case TcVariant::M1U64S2: return clusters_fit<1, 64, 2, 1>(args, splits, stream);
+      case TcVariant::M1U32S2x2: return clusters_fit<1, 32, 2, 2>(args, splits, stream);
+    }
+    return false;
+  };
+  // Auto takes clusters only where they all fit one wave (clusters_fit); forced, they always run.
+  const bool cluster = fusable && (args.merge == MlaDecodeMerge::Cluster ||
+                                   (args.merge == MlaDecodeMerge::Auto && mla_decode_cluster_merge_supported() && fits()));
+  if (!fusable || cluster || args.merge == MlaDecodeMerge::Kernel) k.tickets = nullptr;
   if (plan.wgmma) {
     mla_decode_sm90a_attention(k, splits, q_vec, stream);
   } else {
     switch (plan.variant) {
-      case TcVariant::M2U64S2: launch_attention<2, 64, 2, 1>(k, splits, q_vec, stream); break;
-      case TcVariant::M1U64S2: launch_attention<1, 64, 2, 1>(k, splits, q_vec, stream); break;
-      case TcVariant::M1U32S2x2: launch_attention<1, 32, 2, 2>(k, splits, q_vec, stream); break;
+      case TcVariant::M2U64S2: launch_attention<2, 64, 2, 1>(k, splits, q_vec, cluster, stream); break;
+      case TcVariant::M1U64S2: launch_attention<1, 64, 2, 1>(k, splits, q_vec, cluster, stream); break;
+      case TcVariant::M1U32S2x2: launch_attention<1, 32, 2, 2>(k, splits, q_vec, cluster, stream); break;
     }
   }
-  if (splits > 1 && k.tickets == nullptr) launch_combine(k, splits, stream);
+  if (splits > 1 && !cluster && k.tickets == nullptr) launch_combine(k, splits, stream);
 }
 
 #else  // HIP: no mma.sync; the dispatcher takes the generic path.
 
 bool mla_decode_tc_supported(int, int, int) { return false; }
+bool mla_decode_cluster_merge_supported() { return false; }
 size_t mla_decode_tc_workspace_bytes(const MlaDecodeTcArgs&) { return 0; }
 void mla_decode_tc(const MlaDecodeTcArgs&, Stream) {
   MLA_CHECK(false, "mla_decode_tc: tensor-core MLA decode is NVIDIA-only (check mla_decode_tc_supported)");

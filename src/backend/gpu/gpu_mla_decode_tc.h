@@ -35,6 +35,19 @@ enum class MlaDecodeKernel {
   Wgmma,    // the sm_90a wgmma kernel (64 heads per CTA); fails when unsupported
 };
 
+// How the mma.sync kernel merges a (token, head tile)'s KV-split partials where its grid has 2 to
+// kMlaDecodeMaxFusedSplits splits (more splits, the wgmma kernel and the Kernel choice run the
+// separate combine kernel).
+enum class MlaDecodeMerge {
+  Auto,     // Cluster on compute capability 9.0+ where the grid's clusters are all resident at once
+            // (62 clusters of 4 on an H200 at two CTAs per SM), else Tickets
+  Cluster,  // the splits of a tile form a thread-block cluster and merge through distributed shared
+            // memory, each CTA a share of the rows (sm_90+; forcing it elsewhere fails)
+  Tickets,  // the tile's last CTA to finish (atomic tickets) merges the partials from global memory
+  Kernel,   // the separate combine kernel (the A/B baseline)
+};
+constexpr int kMlaDecodeMaxFusedSplits = 4;
+
 // One call's arguments. q/out are F32 views with heads padded to `num_heads` (a tile multiple);
 // indptr arrays are device I32 (see ops::AttentionBatch).
 struct MlaDecodeTcArgs {
@@ -55,11 +68,10 @@ struct MlaDecodeTcArgs {
   float* out = nullptr;             // [T, num_heads, kv_lora_rank], row stride out_row_stride
   int64_t out_row_stride = 0, out_head_stride = 0;
   void* workspace = nullptr;        // mla_decode_tc_workspace_bytes() bytes
-  // Split-KV merge in the attention kernel: a ticket per (token, 16-head tile), [num_tokens *
-  // num_heads / kMlaTcHeadTile] counters, zero before the call and left zero after it. Where the
-  // mma.sync kernel runs with at most 4 splits, the CTA that takes a tile's last ticket merges its
-  // splits' partials and no combine kernel runs. Null (and for the wgmma kernel or more splits): the
-  // combine kernel merges them.
+  // Split-KV merge (MlaDecodeMerge). Tickets needs a ticket per (token, 16-head tile), [num_tokens *
+  // num_heads / kMlaTcHeadTile] counters, zero before the call and left zero after it; a null
+  // `tickets` turns Tickets (and Auto where it means Tickets) into Kernel.
+  MlaDecodeMerge merge = MlaDecodeMerge::Auto;
   unsigned* tickets = nullptr;
   MlaDecodeKernel kernel = MlaDecodeKernel::Auto;  // the workspace size depends on it
 };
@@ -67,6 +79,8 @@ struct MlaDecodeTcArgs {
 // True on an NVIDIA device of compute capability >= 8.0 when num_heads is a positive multiple of
 // kMlaTcHeadTile and (kv_lora_rank, rope_dim) = (512, 64); always false on HIP builds.
 bool mla_decode_tc_supported(int num_heads, int kv_lora_rank, int rope_dim);
+// True where MlaDecodeMerge::Cluster can run: an NVIDIA device of compute capability >= 9.0.
+bool mla_decode_cluster_merge_supported();
 // Split-KV partials for this call's num_tokens / num_heads (a function of those two and the SM count
 // only, like the launch grid); 0 when one split fills the GPU, and then `workspace` may be null.
 size_t mla_decode_tc_workspace_bytes(const MlaDecodeTcArgs& args);
@@ -85,9 +99,8 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream);
 // where mla_decode_sm90a_supported is false. Not to be changed while a graph captured with the other
 // setting is replayed (the captured launches keep theirs).
 void set_mla_decode_kernel(ops::Backend& gpu, MlaDecodeKernel kernel);
-// Bench / test knob: false makes mla_attention_absorbed on `gpu` pass no tickets, so split partials
-// are merged by the separate combine kernel (the A/B baseline); true (the default) merges them in the
-// mma.sync kernel's last CTA per tile. Same rule as above while graphs replay.
-void set_mla_decode_fused_combine(ops::Backend& gpu, bool fused);
+// Bench / test knob: how mla_attention_absorbed on `gpu` merges split partials from now on (Auto in
+// service; the others to cover and compare every path). Same rule as above while graphs replay.
+void set_mla_decode_merge(ops::Backend& gpu, MlaDecodeMerge merge);
 
 }  // namespace mla::gpu

@@ -27,9 +27,9 @@ struct MlaState {
   MlaDecodeKernel decode_kernel = MlaDecodeKernel::Auto;
   // The mma.sync decode kernel's split-merge tickets (MlaDecodeTcArgs::tickets): zero-filled when
   // (re)allocated and left zero by every call; sized by shapes only (an eager step sizes it for its
-  // captured replays). decode_fused_combine false (set_mla_decode_fused_combine) passes none.
+  // captured replays); passed whatever decode_merge says, and used where the merge is Tickets.
   Scratch decode_tickets;
-  bool decode_fused_combine = true;
+  MlaDecodeMerge decode_merge = MlaDecodeMerge::Auto;  // set_mla_decode_merge
 };
 
 }  // namespace mla::gpu
