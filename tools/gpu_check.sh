@@ -126,13 +126,27 @@ PY
   bench="$build/bench/mla_bench_gpu"
   quick=""
   [ "$mode" = --quick ] && quick=--quick
+  # SM / memory clocks, temperature, power and throttle reasons sampled every 500 ms during each
+  # bench (clocks_NAME.log; one line per bench in clocks.log: SM clock min / median / max): a bench that
+  # reads lower than the same build did elsewhere can be told apart from a GPU clocked down (session
+  # 15 saw MoE INT4 batch 1-2 7-10 points lower here than in standalone processes).
   # name:timeout_s pairs; MLA_BENCH_SPECS overrides them (to fit a tighter device budget).
+  rm -f "$out/clocks.log"
   for spec in ${MLA_BENCH_SPECS:-mla-decode:60 mla-prefill:120 moe:90 gemm:60}; do
     name=${spec%%:*}
     limit=${spec##*:}
     echo "-- $name"
+    nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
+      --format=csv,noheader,nounits -lms 500 >"$out/clocks_$name.log" 2>/dev/null &
+    sampler=$!
     timeout -k 10 "$limit" "$bench" --only "$name" --out "$out/bench_$name" $quick >"$out/bench_$name.log" 2>&1
     rc=$?
+    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+    awk -F, -v n="$name" '$1 ~ /^ *[0-9]+ *$/ { c[++k] = $1 + 0; if ($3 + 0 > t) t = $3 + 0; if ($4 + 0 > p) p = $4 + 0 }
+      END { if (!k) { print n ": no clock samples"; exit }
+            for (i = 2; i <= k; ++i) for (j = i; j > 1 && c[j - 1] > c[j]; --j) { x = c[j]; c[j] = c[j - 1]; c[j - 1] = x }
+            printf "%s: SM MHz min %d median %d max %d over %d samples; max %d C, %.0f W\n", n, c[1], c[int((k + 1) / 2)], c[k], k, t, p }' \
+      "$out/clocks_$name.log" >>"$out/clocks.log"
     sed -n '/^== summary/,$p' "$out/bench_$name.log"
     [ $rc -eq 0 ] || tail -n 5 "$out/bench_$name.log"
     ceil=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['rows']; print(', '.join(f\"{x['value']:.0f} {x['unit']}\" for x in r if x['bench']=='ceiling'))" \
