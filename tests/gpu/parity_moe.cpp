@@ -345,11 +345,11 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16DeepSeekShape) {
   }
 }
 
-// The INT4 gate/up pass sums K in four fixed parts, over four CTAs per tile (grids of <= 256 tiles:
-// DeepSeek-V3 batch 1, inter 2048), two (<= 512 tiles: inter 4096 here) or one: all must give the
-// same bits, and so must a token's row at batch 1 and inside a batch of 3 (two passes of columns,
-// never split). FP8 is never split, so its case checks the batch invariance alone. Also against
-// the CPU.
+// The gate/up pass sums K in two fixed halves, over two CTAs per tile (the INT4 K split of grids
+// of <= 512 tiles, such as DeepSeek-V3 batch 1 and 2; inter 4096 here: 512 tiles at batch 1) or in
+// one CTA: both must give the same bits, and so must a token's row at batch 1 and inside a batch of
+// 3 (INT4: two passes of columns, never split; FP8 is never split, so its case checks the batch
+// invariance alone). Also against the CPU.
 TEST(GpuParityMoe, TensorCoreDecodeBf16KSplitBitIdentical) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);

@@ -34,40 +34,28 @@ constexpr int64_t kAuxK = 32;  // k per aux entry at most (INT4 groups; FP8 uses
 struct TcLayout {
   size_t x16 = 0, x_aux = 0, h16 = 0, h_aux = 0, k_part = 0, total = 0;
 };
-// The INT4 gate/up pass sums K in kKParts fixed parts, folded in order (((p0 + p1) + p2) + p3), and
-// where every expert has one pass of columns (<= 2 tokens) and the grid is small, 2 or 4 CTAs per
-// tile take the parts apart; the tile's last CTA folds the published parts in the same order. So a
-// token's outputs are the same bits split or not, whatever the batch.
-// DeepSeek-V3 on the H200 (132 SMs, 3 CTAs per SM = 396 slots; 2026-12-03, same build, two
-// processes each): small grids end in a partial wave of latency-bound CTAs, so more, shorter CTAs
-// win until the per-CTA overheads show:
-//   batch 1 = 8 experts x 32 tiles = 256 tiles: split in two (512 CTAs, 1.3 waves) 40.9% of copy
-//     bandwidth, in four (1024) 46.7% (on another H200, session 15: unsplit 44-45%, in two 51-52%);
-//   batch 2 = 512 tiles: unsplit (512 CTAs, 1.3 waves of whole-K CTAs) 49.4%, in two (1024) 57.3%,
-//     in four (2048) 53.5%.
-// FP8 stays whole (its batch 1 lost 6.5 points split in two) and sums K in one part.
-constexpr int kKParts = 4;
-constexpr int64_t kKSplitMaxTokens = 2;          // = pass_cols(I4_BF16), below
-constexpr int64_t kKSplit4MaxTiles = 256;        // 4 CTAs per tile up to here (batch 1)
-constexpr int64_t kKSplit2MaxTiles = 512;        // 2 CTAs per tile up to here (batch 2)
-constexpr int64_t kKPartFloats = 2 * 4 * 128;    // per tile and part: kMats x 4 floats x kThreads
-// CTAs per gate/up tile (gridDim.z) for a grid of `tiles` tiles: 1, 2 or 4 (CUDA builds only).
-[[maybe_unused]] int k_split_for(MoeFormat format, int64_t tokens, int64_t tiles) {
-  if (format == MoeFormat::FP8 || tokens > kKSplitMaxTokens) return 1;
-  return tiles <= kKSplit4MaxTiles ? 4 : tiles <= kKSplit2MaxTiles ? 2 : 1;
-}
-TcLayout tc_layout(MoeFormat format, int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
+// The INT4 gate/up pass splits K over two CTAs per tile when its unsplit grid is at most this many
+// tiles and every expert has one pass of columns (<= 2 tokens). DeepSeek-V3 batch 1: 8 experts x 32
+// tiles = 256 CTAs, ~8 warps per SM, too few to cover the weight stream's latency; split, 512 CTAs
+// read 51-52% of copy bandwidth against 44-45% (H200, 2026-12-03). Batch 2 (16 x 32 = 512 tiles:
+// 512 whole-K CTAs are 1.3 waves of 396 slots) split, 1024 CTAs: 58.1% against 49.4% (two processes
+// each, same build; batch 1, 4 and 8 unchanged). FP8 batch 1 measured slower split (65.5% against
+// 70.7-72.1%) and stays whole.
+// Measured and not kept (2026-12-03): K in four fixed parts, four CTAs per tile at batch 1, read
+// 46.7-47.4% there against 43.1-43.3% split in two (same calls), but the four-part fold cost the
+// unsplit batch 8 2.7 points (69.5% against 72.2%) and FP8 batch 8 1.7.
+constexpr int64_t kKSplitMaxTiles = 512;
+constexpr int64_t kKSplitMaxTokens = 2;        // = pass_cols(I4_BF16), below
+constexpr int64_t kKPartFloats = 2 * 4 * 128;  // per tile and half: kMats x 4 floats x kThreads
+TcLayout tc_layout(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
   TcLayout l;
   l.x16 = 0;
   l.x_aux = l.x16 + align256(size_t(tokens * hidden) * 2);
   l.h16 = l.x_aux + align256(size_t(tokens * (hidden / kAuxK + 1)) * 4);
   l.h_aux = l.h16 + align256(size_t(pairs * inter) * 2);
   l.k_part = l.h_aux + align256(size_t(pairs * (inter / kAuxK)) * 4);
-  // Published parts: [tiles][kKParts][kKPartFloats] for any grid that splits (its tiles: at most
-  // `pairs` expert slots x inter / 64, and at most the largest split grid).
-  const bool can_split = format != MoeFormat::FP8 && tokens <= kKSplitMaxTokens;
-  const int64_t split_tiles = can_split ? std::min(pairs * (inter / kActChunk), kKSplit2MaxTiles) : 0;
-  l.total = l.k_part + align256(size_t(split_tiles * kKParts * kKPartFloats) * 4);
+  const int64_t split_tiles = tokens <= kKSplitMaxTokens ? std::min(kKSplitMaxTiles, pairs * (inter / kActChunk)) : 0;
+  l.total = l.k_part + align256(size_t(split_tiles * 2 * kKPartFloats) * 4);
   return l;
 }
 
@@ -80,8 +68,8 @@ bool moe_tc_shape_ok(MoeFormat format, int64_t hidden, int64_t inter) {
          inter / kActChunk <= 65535;
 }
 
-size_t moe_tc_scratch_bytes(MoeFormat format, int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
-  return tc_layout(format, tokens, pairs, hidden, inter).total;
+size_t moe_tc_scratch_bytes(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
+  return tc_layout(tokens, pairs, hidden, inter).total;
 }
 
 #if MLA_GPU_CUDA
@@ -134,7 +122,7 @@ struct TcOut {
   int64_t h_aux_stride;
   float* y;             // down: [pairs, hidden] by pair index
   int64_t y_stride;
-  float* k_part;        // gate/up K split: [tiles][kKParts][kMats * 4][kThreads] published parts
+  float* k_part;        // gate/up K split: [tiles][2 halves][kMats * 4][kThreads] partial sums
   unsigned* k_tickets;  // gate/up K split: [tiles] counters, zero between calls (left zero)
 };
 
@@ -208,11 +196,11 @@ __global__ void __launch_bounds__(256) moe_tc_prep_i4_kernel(const float* __rest
 }
 
 // ---- expert kernel --------------------------------------------------------------------------------
-// Grid (expert slots, rows / 64, K split): the CTA of slot j serves plan.active[j] (slots past the
+// Grid (expert slots, rows / 64, K halves): the CTA of slot j serves plan.active[j] (slots past the
 // active count exit at once) and output rows [64 y, 64 y + 64); warp w owns the m16 tile at 64 y +
 // 16 w, for gate and up together (kGateUp) or down. Columns: the expert's pairs in sorted order, 8
-// (FP8) or 2 (INT4) at a time. z: the INT4 gate/up K split (gridDim.z = 1, 2 or 4 CTAs per tile
-// sharing its kKParts K parts; the sums and their folding order do not depend on it).
+// (FP8) or 2 (INT4) at a time. z: the INT4 gate/up K split (gridDim.z = 2, one K half per CTA; else
+// 1 and the CTA sums both halves apart, then adds them: the same bits).
 //
 // Fragment proof (PTX m16n8k16, g = lane / 4, t = lane % 4). mma computes D[m][n] += sum_kk A[m][kk]
 // B[kk][n]; lane (g, t) supplies A[g | g+8][kk] and B[kk][g] for kk in K(t) = {2t, 2t+1, 2t+8, 2t+9}
@@ -254,6 +242,10 @@ template <MoeFormat F, bool kGateUp> constexpr int moe_tc_burst() { return kGate
 // Same-process A/B (H200, 2026-12-03): INT4 +0.3-1.1 points at batch 1-8; FP8 -1.4 at batch 1,
 // within noise elsewhere, so FP8 keeps whole bursts.
 template <MoeFormat F> constexpr bool moe_tc_pipelined() { return F != MoeFormat::FP8; }
+// The gate/up pass's K halves meet at chunk k_half (a multiple of the burst; from the shape only).
+__host__ __device__ constexpr int64_t k_half(int64_t chunks, int burst) {
+  return (chunks / 2 + burst - 1) / burst * burst < chunks ? (chunks / 2 + burst - 1) / burst * burst : chunks;
+}
 
 // Shared memory of one CTA for `window` chunks of `cols` columns: colmax [kWarps][kCols] f32 |
 // B [cols][window K + 8] u16 (rows 16 bytes apart modulo 128) | aux [cols][window x aux_per_chunk]
@@ -531,25 +523,21 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   };
   auto issue = [&](int64_t c0, int64_t lim) { issue_slots(c0, lim, 0, kU); };
   // The weights are constant and the plan was complete before the prep kernel started.
-  // K parts (INT4 gate/up: kKParts, else one): part j is chunks [k_part_bound(j), k_part_bound(j +
-  // 1)), summed apart and folded in order, by this CTA or, with a K split (gridDim.z = kz CTAs per
-  // tile, CTA z taking parts [z P / kz, (z + 1) P / kz)), by the tile's last CTA: the same sums
-  // either way, so a token's outputs depend neither on the split nor on the batch.
-  constexpr int kP = (kGateUp && !kFp8) ? kKParts : 1;
-  const int kz = kP > 1 ? int(gridDim.z) : 1, z = int(blockIdx.z);
-  const int part_lo = z * (kP / kz), part_hi = part_lo + kP / kz;  // kz divides kP (host: 1, 2 or 4)
-  auto k_part_bound = [&](int j) { return c_end * j / kP; };
-  const int64_t c_lo = k_part_bound(part_lo), c_hi = k_part_bound(part_hi);
-  issue(c_lo, min(c_hi, c_lo + int64_t(window)));
+  // K halves (gate/up): chunks [0, c_mid) and [c_mid, c_end) are summed apart and added at the end,
+  // by this CTA or, with a K split (gridDim.z == 2: CTA z takes half z), by the tile's last CTA: the
+  // same sums either way, so a token's outputs do not depend on the split (nor on the batch).
+  const int64_t c_mid = kGateUp ? k_half(c_end, kU) : c_end;
+  const int kz = kGateUp ? int(gridDim.z) : 1, z = int(blockIdx.z);
+  const int64_t c_lo = kz == 2 && z == 1 ? c_mid : 0, c_hi = kz == 2 && z == 0 ? c_mid : c_end;
+  issue(c_lo, min(c_lo < c_mid ? min(c_mid, c_hi) : c_hi, c_lo + int64_t(window)));
   pdl_wait();
   pdl_trigger();  // the next grid (down after gate/up) may start issuing its own weights
   bool burst_ready = true;
 
   for (int p0 = begin; p0 < end; p0 += kPass) {  // uniform per CTA (same expert)
     const int ncols = min(kPass, end - p0);
-    // FP8: the C fragment; INT4: [0], [1] = rows g, g + 8 of token t / 2 (half its groups). acc: the
-    // current part's sums; acc_lo: the parts before it, folded (or, in a CTA that does not start at
-    // part 0, its first part alone: such a CTA has at most 2 parts).
+    // FP8: the C fragment; INT4: [0], [1] = rows g, g + 8 of token t / 2 (half its groups). acc_lo:
+    // the first K half's sums once the second half starts.
     float acc[kMats][4], acc_lo[kMats][4];
 #pragma unroll
     for (int m = 0; m < kMats; ++m)
@@ -559,143 +547,114 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
     [[maybe_unused]] float xinv = 1.0f;
     if constexpr (kGateUp && !kFp8)
       if (tok < ncols) xinv = act.aux[int64_t(plan.sorted[p0 + tok] / top_k) * act.aux_stride + k_dim / kAuxK];
-    // The next part boundary inside [c_lo, c_hi), where acc folds into acc_lo (warp-uniform test per
-    // chunk; bursts run across part boundaries).
-    int next_part = part_lo + 1;
-    int64_t fold_at = next_part < part_hi ? k_part_bound(next_part) : c_hi;
-    auto fold = [&]() {
-      const bool first = next_part == part_lo + 1;
+
+    for (int half = 0; half < (kGateUp ? 2 : 1); ++half) {  // down: one range, [0, c_end)
+      const int64_t r0 = half == 0 ? c_lo : max(c_lo, c_mid), r1 = half == 0 ? min(c_hi, c_mid) : c_hi;
+      if (half == 1) {
+#pragma unroll
+        for (int m = 0; m < kMats; ++m)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            acc_lo[m][i] = acc[m][i];
+            acc[m][i] = 0.0f;
+          }
+      }
+      for (int64_t w0 = r0; w0 < r1; w0 += window) {
+        const int64_t w_end = min(r1, w0 + int64_t(window));
+        const int nwc = int(w_end - w0);
+        __syncthreads();  // the previous window's (or column group's) readers are done
+        stage_columns<F, kGateUp>(act, plan, top_k, p0, ncols, w0, nwc, window, sl, s_b, s_inv);
+        if constexpr (kFp8) stage_block_scales<kMats>(fp8_scale, w0, w_end, window, s_ws);
+        __syncthreads();
+        // FP8: lane (g, t) supplies column g's activations; INT4: token g / 4's, in group column g only
+        // when g % 4 == t (group columns, above).
+        const int brow = kFp8 ? g : g >> 2;
+        const bool b_live = kFp8 ? g < ncols : ((g & 3) == t && brow < ncols);
+        const uint16_t* srow = s_b + brow * sl.row_u16 + t * (kChunkK / 4);
+        [[maybe_unused]] const float* s_gsum = s_inv + tok * window * kAux + 2 * (t & 1);
+        for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
+          if (!burst_ready) issue(c0, w_end);
+          burst_ready = false;
+          // Chunk u of the burst; bursts inside the window (all but a window's last) run the chunks
+          // branch-free, so one chunk's loads and converts overlap the previous chunk's mma chain
+          // (u is a constant after unrolling: a[u] and sbits[u] stay in registers).
+          auto chunk = [&](const int u) {
+            const int64_t c = c0 + u;
+            const int lc = int(c - w0);
+            uint4 b[kBVec];
+#pragma unroll
+            for (int i = 0; i < kBVec; ++i)
+              b[i] = b_live ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+            if constexpr (kFp8) {
+              const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * window + lc] : 0.0f;
+              const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * window + lc] : 0.0f;
+              float sw[kMats];
+#pragma unroll
+              for (int m = 0; m < kMats; ++m) sw[m] = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
+              chunk_fp8<kMats>(a[u], b, inv0, inv1, sw, acc);
+            } else {
+              // sum(x) of this lane's two groups for token `tok` (0 past the pass's columns).
+              const float2 xs = tok < ncols ? *reinterpret_cast<const float2*>(s_gsum + lc * kAux) : make_float2(0.0f, 0.0f);
+              chunk_i4<kMats, kGateUp>(a[u], sbits[u], b, xs, acc);  // gate/up: f16 x; down: bf16 h
+            }
+          };
+          if constexpr (kPipe) {
+            // Two stages of kU / 2 chunks: each refilled with the chunks kU ahead as soon as it is
+            // consumed, so the other stage's loads stay in flight during the mma work.
+            constexpr int kH = kU / 2;
+            const bool full = c0 + kU <= w_end;
+#pragma unroll
+            for (int u = 0; u < kH; ++u)
+              if (full || c0 + u < w_end) chunk(u);
+            issue_slots(c0 + kU, w_end, 0, kH);
+#pragma unroll
+            for (int u = kH; u < kU; ++u)
+              if (full || c0 + u < w_end) chunk(u);
+            issue_slots(c0 + kU, w_end, kH, kU);
+            burst_ready = true;
+          } else if (c0 + kU <= w_end) {
+#pragma unroll
+            for (int u = 0; u < kU; ++u) chunk(u);
+          } else {
+#pragma unroll
+            for (int u = 0; u < kU; ++u)
+              if (c0 + u < w_end) chunk(u);  // warp-uniform
+          }
+        }
+        if constexpr (kPipe) burst_ready = false;  // the refills past the window were empty
+      }
+    }
+    if (kz == 2) {
+      // K split (one pass only: the host splits only when every expert has <= kPass pairs): publish
+      // this half's sums, and the tile's second CTA to arrive adds them in half order.
+      const size_t tile_id = size_t(blockIdx.x) * gridDim.y + blockIdx.y;
+      float* mine = out.k_part + (tile_id * 2 + size_t(z)) * (kMats * 4 * kThreads) + tid;
+#pragma unroll
+      for (int m = 0; m < kMats; ++m)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) mine[(m * 4 + i) * kThreads] = z == 0 ? acc_lo[m][i] : acc[m][i];
+      __threadfence();  // the partial is visible before the ticket
+      __syncthreads();
+      if (tid == 0) s_klast = atomicAdd(out.k_tickets + tile_id, 1u) == 1u ? 1u : 0u;
+      __syncthreads();
+      if (s_klast == 0u) return;  // uniform: the other half's CTA finishes the tile
+      __threadfence();
+      if (tid == 0) out.k_tickets[tile_id] = 0u;  // both CTAs took theirs: zero for the next call
+      const float* other = out.k_part + (tile_id * 2 + size_t(z ^ 1)) * (kMats * 4 * kThreads) + tid;
 #pragma unroll
       for (int m = 0; m < kMats; ++m)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          acc_lo[m][i] = first ? acc[m][i] : acc_lo[m][i] + acc[m][i];
-          acc[m][i] = 0.0f;
+          const float v = __ldcg(other + (m * 4 + i) * kThreads);
+          if (z == 0) acc[m][i] = v;
+          else acc_lo[m][i] = v;
         }
-      ++next_part;
-      fold_at = next_part < part_hi ? k_part_bound(next_part) : c_hi;
-    };
-
-    for (int64_t w0 = c_lo; w0 < c_hi; w0 += window) {
-      const int64_t w_end = min(c_hi, w0 + int64_t(window));
-      const int nwc = int(w_end - w0);
-      __syncthreads();  // the previous window's (or column group's) readers are done
-      stage_columns<F, kGateUp>(act, plan, top_k, p0, ncols, w0, nwc, window, sl, s_b, s_inv);
-      if constexpr (kFp8) stage_block_scales<kMats>(fp8_scale, w0, w_end, window, s_ws);
-      __syncthreads();
-      // FP8: lane (g, t) supplies column g's activations; INT4: token g / 4's, in group column g only
-      // when g % 4 == t (group columns, above).
-      const int brow = kFp8 ? g : g >> 2;
-      const bool b_live = kFp8 ? g < ncols : ((g & 3) == t && brow < ncols);
-      const uint16_t* srow = s_b + brow * sl.row_u16 + t * (kChunkK / 4);
-      [[maybe_unused]] const float* s_gsum = s_inv + tok * window * kAux + 2 * (t & 1);
-      for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
-        if (!burst_ready) issue(c0, w_end);
-        burst_ready = false;
-        // Chunk u of the burst; bursts inside the window (all but a window's last) run the chunks
-        // branch-free, so one chunk's loads and converts overlap the previous chunk's mma chain
-        // (u is a constant after unrolling: a[u] and sbits[u] stay in registers).
-        auto chunk = [&](const int u) {
-          const int64_t c = c0 + u;
-          if (kP > 1 && c == fold_at) fold();
-          const int lc = int(c - w0);
-          uint4 b[kBVec];
-#pragma unroll
-          for (int i = 0; i < kBVec; ++i)
-            b[i] = b_live ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
-          if constexpr (kFp8) {
-            const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * window + lc] : 0.0f;
-            const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * window + lc] : 0.0f;
-            float sw[kMats];
-#pragma unroll
-            for (int m = 0; m < kMats; ++m) sw[m] = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
-            chunk_fp8<kMats>(a[u], b, inv0, inv1, sw, acc);
-          } else {
-            // sum(x) of this lane's two groups for token `tok` (0 past the pass's columns).
-            const float2 xs = tok < ncols ? *reinterpret_cast<const float2*>(s_gsum + lc * kAux) : make_float2(0.0f, 0.0f);
-            chunk_i4<kMats, kGateUp>(a[u], sbits[u], b, xs, acc);  // gate/up: f16 x; down: bf16 h
-          }
-        };
-        if constexpr (kPipe) {
-          // Two stages of kU / 2 chunks: each refilled with the chunks kU ahead as soon as it is
-          // consumed, so the other stage's loads stay in flight during the mma work.
-          constexpr int kH = kU / 2;
-          const bool full = c0 + kU <= w_end;
-#pragma unroll
-          for (int u = 0; u < kH; ++u)
-            if (full || c0 + u < w_end) chunk(u);
-          issue_slots(c0 + kU, w_end, 0, kH);
-#pragma unroll
-          for (int u = kH; u < kU; ++u)
-            if (full || c0 + u < w_end) chunk(u);
-          issue_slots(c0 + kU, w_end, kH, kU);
-          burst_ready = true;
-        } else if (c0 + kU <= w_end) {
-#pragma unroll
-          for (int u = 0; u < kU; ++u) chunk(u);
-        } else {
-#pragma unroll
-          for (int u = 0; u < kU; ++u)
-            if (c0 + u < w_end) chunk(u);  // warp-uniform
-        }
-      }
-      if constexpr (kPipe) burst_ready = false;  // the refills past the window were empty
     }
-    if constexpr (kP > 1) {
-      if (kz > 1) {
-        // K split (one pass only: the host splits only when every expert has <= kPass pairs):
-        // publish this CTA's parts (slot 0: the fold of parts 0.. when it starts at part 0; else
-        // slot j: part j alone), and the tile's last CTA to arrive folds slots 0, then part_hi(0)..
-        // kP - 1, in order.
-        const size_t tile_id = size_t(blockIdx.x) * gridDim.y + blockIdx.y;
-        float* slots = out.k_part + tile_id * (kP * kKPartFloats) + tid;
-        const int nparts = part_hi - part_lo;
-        float* first = slots + size_t(part_lo) * kKPartFloats;
-#pragma unroll
-        for (int m = 0; m < kMats; ++m)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int f = (m * 4 + i) * kThreads;
-            if (part_lo == 0) {
-              first[f] = nparts > 1 ? acc_lo[m][i] + acc[m][i] : acc[m][i];
-            } else {
-              first[f] = nparts > 1 ? acc_lo[m][i] : acc[m][i];
-              if (nparts > 1) first[kKPartFloats + f] = acc[m][i];
-            }
-          }
-        __threadfence();  // the parts are visible before the ticket
-        __syncthreads();
-        if (tid == 0) s_klast = atomicAdd(out.k_tickets + tile_id, 1u) == unsigned(kz - 1) ? 1u : 0u;
-        __syncthreads();
-        if (s_klast == 0u) return;  // uniform: the tile's last CTA finishes it
-        __threadfence();
-        if (tid == 0) out.k_tickets[tile_id] = 0u;  // every CTA took its ticket: zero for the next call
-        float v[kP][kMats * 4];
-#pragma unroll
-        for (int j = 0; j < kP; ++j)  // every load issued before any use
-#pragma unroll
-          for (int f = 0; f < kMats * 4; ++f)
-            v[j][f] = (j == 0 || j >= kP / kz) ? __ldcg(slots + size_t(j) * kKPartFloats + f * kThreads) : 0.0f;
-#pragma unroll
-        for (int m = 0; m < kMats; ++m)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            float sum = v[0][m * 4 + i];
-#pragma unroll
-            for (int j = 1; j < kP; ++j)
-              if (j >= kP / kz) sum += v[j][m * 4 + i];
-            acc[m][i] = sum;
-          }
-      } else {
-#pragma unroll
-        for (int m = 0; m < kMats; ++m)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) acc[m][i] = acc_lo[m][i] + acc[m][i];
-      }
+    if constexpr (kGateUp) {
 #pragma unroll
       for (int m = 0; m < kMats; ++m)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[m][i] *= xinv;
+        for (int i = 0; i < 4; ++i) acc[m][i] = (acc_lo[m][i] + acc[m][i]) * xinv;
     }
     write_pass<F, kGateUp, kMats>(acc, plan, out, p0, ncols, row0, int(blockIdx.y), colmax);
   }
@@ -703,7 +662,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
 
 template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   constexpr bool kFp8 = F == MoeFormat::FP8;
-  const TcLayout l = tc_layout(F, a.tokens, a.pairs, a.hidden, a.inter);
+  const TcLayout l = tc_layout(a.tokens, a.pairs, a.hidden, a.inter);
   char* base = static_cast<char*>(a.scratch);
   auto* x16 = reinterpret_cast<uint16_t*>(base + l.x16);
   auto* x_aux = reinterpret_cast<float*>(base + l.x_aux);
@@ -736,9 +695,9 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   const int w1 = window_for(a.hidden / chunk_k(F), moe_tc_burst<F, true>());
   const int w2 = window_for(a.inter / chunk_k(F), moe_tc_burst<F, false>());
 
-  // K split of the INT4 gate/up pass (k_split_for): one pass per expert (an expert has at most
+  // K split of the INT4 gate/up pass (kKSplitMaxTiles): one pass per expert (an expert has at most
   // `tokens` pairs) and a small grid.
-  const unsigned ksplit = a.k_tickets != nullptr ? unsigned(k_split_for(F, a.tokens, int64_t(a.slots) * ic)) : 1u;
+  const bool ksplit = !kFp8 && a.k_tickets != nullptr && a.tokens <= kKSplitMaxTokens && int64_t(a.slots) * ic <= kKSplitMaxTiles;
   TcOut o1{};
   o1.k_part = reinterpret_cast<float*>(base + l.k_part);
   o1.k_tickets = a.k_tickets;
@@ -746,7 +705,7 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   o1.h_stride = a.inter;
   o1.h_aux = h_aux;
   o1.h_aux_stride = h_aux_stride;
-  mma::launch_maybe_pdl(moe_tc_kernel<F, true>, dim3(unsigned(a.slots), unsigned(ic), ksplit), dim3(kThreads),
+  mma::launch_maybe_pdl(moe_tc_kernel<F, true>, dim3(unsigned(a.slots), unsigned(ic), ksplit ? 2u : 1u), dim3(kThreads),
                         moe_stage(F, w1, cols).bytes, true, stream, a.table, a.plan,
                         TcAct{x16, a.hidden, x_aux, x_aux_stride}, a.top_k, a.hidden, o1, w1, cols);
 

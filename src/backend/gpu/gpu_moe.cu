@@ -571,7 +571,7 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   const size_t sz_sorted = align_up(size_t(max_pairs + 1) * 4, 256), sz_tiles = align_up(size_t(max_tiles + 1) * 4, 256);
   const size_t sz_counters = 256, sz_h = align_up(size_t(max_pairs * inter_pad) * 4, 256);
   const size_t sz_y = align_up(size_t(max_pairs * hidden) * 4, 256);
-  const size_t sz_tc = use_tc ? align_up(moe_tc_scratch_bytes(table.format, chunk, max_pairs, hidden, inter), 256) : 0;
+  const size_t sz_tc = use_tc ? align_up(moe_tc_scratch_bytes(chunk, max_pairs, hidden, inter), 256) : 0;
   char* base = static_cast<char*>(moe_->scratch.get(
       *this, sz_offsets + sz_active + sz_sorted + 2 * sz_tiles + sz_counters + sz_h + sz_y + sz_tc));
   Plan plan;
