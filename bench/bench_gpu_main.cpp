@@ -44,6 +44,9 @@ int main(int argc, char** argv) {
   app.add_flag("--profile-calls", o.profile_calls,
                "moe, gemm: after timing each case, call it once more inside a profiler range (`ncu "
                "--profile-from-start off` then sees one call of each case and nothing else)");
+  app.add_flag("--moe-ab", o.moe_ab,
+               "moe: time each case twice on the fused persistent grid and twice on the two-grid path, "
+               "alternating (same process, same inputs)");
   app.add_option("--decode-contexts", o.decode_contexts,
                  "mla-decode: contexts besides 4096 for the 16-head batch-64 row (how the op's fixed costs "
                  "per call amortize)");

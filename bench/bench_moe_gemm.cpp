@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "backend/gpu/gpu_linear.h"
+#include "backend/gpu/gpu_moe.h"
 #include "bench_gpu.h"
 
 namespace mla::bench {
@@ -72,31 +73,38 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       DevTensor out = dev_tensor(*be, DType::F32, {batch, hidden});
       fill_random(x.view, 300 + uint64_t(batch), -1, 1, s);
       be->synchronize();
-      TimingPlan plan;
-      plan.max_reps = o.quick ? 20 : 200;
-      plan.budget_ms = o.quick ? 100 : 1000;
-      const Timing t = time_on_stream(s, plan, [&](int rep) {
-        be->moe_experts(x.view, ids[size_t(rep % sets)].view, weights[size_t(rep % sets)].view, experts, out.view);
-      });
-      if (o.profile_calls) {
-        be->synchronize();
-        profiler_range(true);
-        be->moe_experts(x.view, ids[0].view, weights[0].view, experts, out.view);
-        be->synchronize();
-        profiler_range(false);
+      // --moe-ab: the fused grid and the two-grid path in turn, twice each (A B A B); else the default.
+      const std::vector<int> variants = o.moe_ab ? std::vector<int>{1, 0, 1, 0} : std::vector<int>{-1};
+      for (const int fused : variants) {
+        if (fused >= 0) gpu::set_moe_tc_fused(*be, fused != 0);
+        TimingPlan plan;
+        plan.max_reps = o.quick ? 20 : 200;
+        plan.budget_ms = o.quick ? 100 : 1000;
+        const Timing t = time_on_stream(s, plan, [&](int rep) {
+          be->moe_experts(x.view, ids[size_t(rep % sets)].view, weights[size_t(rep % sets)].view, experts, out.view);
+        });
+        if (o.profile_calls) {
+          be->synchronize();
+          profiler_range(true);
+          be->moe_experts(x.view, ids[0].view, weights[0].view, experts, out.view);
+          be->synchronize();
+          profiler_range(false);
+        }
+        // Bytes differ per call (the number of distinct experts hit): the median of per-call rates.
+        std::vector<double> gbps;
+        for (size_t i = 0; i < t.per_rep_ms.size(); ++i)
+          gbps.push_back(unique[(size_t(plan.warmup) + i) % sets] * expert_bytes / (t.per_rep_ms[i] * 1e-3) / 1e9);
+        std::sort(gbps.begin(), gbps.end());
+        const double mean_unique = std::accumulate(unique.begin(), unique.end(), 0.0) / sets;
+        const char* tag = fused < 0 ? "" : fused ? " [fused grid]" : " [two grids]";
+        report.add({"moe_decode",
+                    fmt::format("{} experts {} top-{}, batch {}, {}{}", num_experts, bench_weight_name(kind), top_k,
+                                batch, "7168x2048", tag),
+                    t.median_ms, gbps[gbps.size() / 2], "GB/s", c.copy_gbps, "copy BW", 0.7,
+                    fmt::format("{:.1f} unique experts/call avg, {:.1f} MB each", mean_unique, expert_bytes / 1e6),
+                    fmt::format("{} b{}{}", bench_weight_name(kind), batch, fused < 0 ? "" : fused ? " fused" : " 2grid")});
       }
-      // Bytes differ per call (the number of distinct experts hit): the median of per-call rates.
-      std::vector<double> gbps;
-      for (size_t i = 0; i < t.per_rep_ms.size(); ++i)
-        gbps.push_back(unique[(size_t(plan.warmup) + i) % sets] * expert_bytes / (t.per_rep_ms[i] * 1e-3) / 1e9);
-      std::sort(gbps.begin(), gbps.end());
-      const double mean_unique = std::accumulate(unique.begin(), unique.end(), 0.0) / sets;
-      report.add({"moe_decode",
-                  fmt::format("{} experts {} top-{}, batch {}, {}", num_experts, bench_weight_name(kind), top_k, batch,
-                              "7168x2048"),
-                  t.median_ms, gbps[gbps.size() / 2], "GB/s", c.copy_gbps, "copy BW", 0.7,
-                  fmt::format("{:.1f} unique experts/call avg, {:.1f} MB each", mean_unique, expert_bytes / 1e6),
-                  fmt::format("{} b{}", bench_weight_name(kind), batch)});
+      gpu::set_moe_tc_fused(*be, false);  // the backend's default
     }
   }
   report.print("moe_decode");

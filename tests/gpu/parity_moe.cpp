@@ -382,6 +382,62 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16KSplitBitIdentical) {
   }
 }
 
+// The fused persistent grid and the two-grid path (default) compute every tile the same way, so they
+// must give the same bits: small shapes where most CTAs of the fused grid find the queue empty (one
+// 64-row tile), K split or not (FP8 T <= 8 and INT4 T <= 2 split while the gate/up tiles are fewer
+// than two per CTA), several passes per expert (T = 16 on 3 experts, top-2: ~11 pairs each; INT4
+// T = 8 on 9 held experts of 12), the DeepSeek-V3 shape at batch 1 / 2 / 8 (<= 8 x 32 gate/up and
+// <= 8 x 112 down tiles in one queue at batch 1), and each call three times in a row (the queue counters must
+// be left zero by every call). Also against the CPU.
+TEST(GpuParityMoe, TensorCoreDecodeBf16FusedBitIdentical) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  struct Case {
+    WeightKind kind;
+    int64_t hidden, inter, experts;
+    int top_k;
+    std::vector<int64_t> tokens;
+  };
+  const Case cases[] = {{WeightKind::FP8, 192, 64, 12, 4, {1, 3}},
+                        {WeightKind::FP8, 704, 192, 12, 4, {2, 9}},
+                        {WeightKind::FP8, 256, 128, 3, 2, {16}},
+                        {WeightKind::INT4_BF16, 1152, 128, 12, 4, {1, 2}},
+                        {WeightKind::INT4_BF16, 640, 384, 12, 4, {5}},
+                        {WeightKind::INT4_BF16, 256, 128, 3, 2, {16}},
+                        {WeightKind::FP8, 7168, 2048, 12, 8, {1, 8}},
+                        {WeightKind::INT4_BF16, 7168, 2048, 12, 8, {1, 2, 8}}};
+  std::mt19937 rng(7700);
+  for (const Case& c : cases) {
+    const auto set = make_experts(rng, c.kind, c.experts, c.hidden, c.inter, 4);
+    for (const int64_t tokens : c.tokens) {
+      const Twin x = twin_random(rng, DType::F32, {tokens, c.hidden});
+      const Twin ids = random_ids(rng, tokens, c.experts, c.top_k);
+      const Twin weights = twin_random(rng, DType::F32, {tokens, c.top_k}, 0.05f, 1.0f);
+      auto run = [&](bool fused) {
+        const Twin out = twin_output(DType::F32, {tokens, c.hidden});
+        gpu::set_moe_tc_fused(*be, fused);
+        be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);
+        be->synchronize();
+        gpu::set_moe_tc_fused(*be, false);  // the backend's default
+        return out;
+      };
+      const std::vector<float> want = gpu_values(run(false));
+      const std::string name = fmt::format("{} T{} H{} I{} E{} k{}", weight_kind_name(c.kind), tokens, c.hidden,
+                                           c.inter, c.experts, c.top_k);
+      for (int rep = 0; rep < 3; ++rep) {
+        const Twin fused = run(true);
+        const std::vector<float> got = gpu_values(fused);
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+            << name << ": fused grid (call " << rep << ") and two grids differ";
+        if (rep == 0) {
+          cpu_backend().moe_experts(x.cpu, ids.cpu, weights.cpu, set->cpu, fused.cpu);
+          EXPECT_TRUE(check_parity("moe_experts", name + " [bf16 tc, fused grid]", fused, tc_tol(c.kind)));
+        }
+      }
+    }
+  }
+}
+
 // Decode steps are graph-captured: the tensor-core path's launches depend on shapes only, so a
 // replay after new routing ids (same buffers, fresh values) computes the new step. The output is
 // re-poisoned before each replay so that only the replay can pass.

@@ -34,27 +34,22 @@ constexpr int64_t kAuxK = 32;  // k per aux entry at most (INT4 groups; FP8 uses
 struct TcLayout {
   size_t x16 = 0, x_aux = 0, h16 = 0, h_aux = 0, k_part = 0, total = 0;
 };
-// The INT4 gate/up pass splits K over two CTAs per tile when its unsplit grid is at most this many
-// tiles and every expert has one pass of columns (<= 2 tokens). DeepSeek-V3 batch 1: 8 experts x 32
-// tiles = 256 CTAs, ~8 warps per SM, too few to cover the weight stream's latency; split, 512 CTAs
-// read 51-52% of copy bandwidth against 44-45% (H200, 2026-12-03). Batch 2 (16 x 32 = 512 tiles:
-// 512 whole-K CTAs are 1.3 waves of 396 slots) split, 1024 CTAs: 58.1% against 49.4% (two processes
-// each, same build; batch 1, 4 and 8 unchanged). FP8 batch 1 measured slower split (65.5% against
-// 70.7-72.1%) and stays whole.
-// Measured and not kept (2026-12-03): K in four fixed parts, four CTAs per tile at batch 1, read
-// 46.7-47.4% there against 43.1-43.3% split in two (same calls), but the four-part fold cost the
-// unsplit batch 8 2.7 points (69.5% against 72.2%) and FP8 batch 8 1.7.
-constexpr int64_t kKSplitMaxTiles = 512;
-constexpr int64_t kKSplitMaxTokens = 2;        // = pass_cols(I4_BF16), below
+// The fused grid (moe_tc_fused_kernel) splits any format's gate/up tiles in two when they are fewer
+// than two per CTA of the grid and every expert has one pass of columns (<= split_max_tokens); the
+// k_part scratch holds this many tiles' halves.
+constexpr int64_t kKSplitMaxTilesFused = 1024;
+// Tokens of one pass of columns (= pass_cols below): a K split needs every expert to have one pass.
+constexpr int64_t split_max_tokens(MoeFormat f) { return f == MoeFormat::FP8 ? 8 : 2; }
 constexpr int64_t kKPartFloats = 2 * 4 * 128;  // per tile and half: kMats x 4 floats x kThreads
-TcLayout tc_layout(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
+TcLayout tc_layout(MoeFormat format, int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
   TcLayout l;
   l.x16 = 0;
   l.x_aux = l.x16 + align256(size_t(tokens * hidden) * 2);
   l.h16 = l.x_aux + align256(size_t(tokens * (hidden / kAuxK + 1)) * 4);
   l.h_aux = l.h16 + align256(size_t(pairs * inter) * 2);
   l.k_part = l.h_aux + align256(size_t(pairs * (inter / kAuxK)) * 4);
-  const int64_t split_tiles = tokens <= kKSplitMaxTokens ? std::min(kKSplitMaxTiles, pairs * (inter / kActChunk)) : 0;
+  const int64_t split_tiles =
+      tokens <= split_max_tokens(format) ? std::min(kKSplitMaxTilesFused, pairs * (inter / kActChunk)) : 0;
   l.total = l.k_part + align256(size_t(split_tiles * 2 * kKPartFloats) * 4);
   return l;
 }
@@ -68,8 +63,8 @@ bool moe_tc_shape_ok(MoeFormat format, int64_t hidden, int64_t inter) {
          inter / kActChunk <= 65535;
 }
 
-size_t moe_tc_scratch_bytes(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
-  return tc_layout(tokens, pairs, hidden, inter).total;
+size_t moe_tc_scratch_bytes(MoeFormat format, int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter) {
+  return tc_layout(format, tokens, pairs, hidden, inter).total;
 }
 
 #if MLA_GPU_CUDA
@@ -103,7 +98,10 @@ constexpr int kI4Pass = 2;                          // INT4 tokens per pass: 2 t
 // Token columns per pass of the expert kernel (its smem staging is sized for this many).
 constexpr int pass_cols(MoeFormat f) { return f == MoeFormat::FP8 ? kCols : kI4Pass; }
 static_assert(kCtaRows == kActChunk, "the FP8 h scale chunk is one gate/up CTA's rows");
-static_assert(kKSplitMaxTokens == kI4Pass && kKPartFloats == 2 * 4 * kThreads, "K split bookkeeping");
+static_assert(split_max_tokens(MoeFormat::FP8) == pass_cols(MoeFormat::FP8) &&
+                  split_max_tokens(MoeFormat::I4_BF16) == pass_cols(MoeFormat::I4_BF16) &&
+                  kKPartFloats == 2 * 4 * kThreads,
+              "K split bookkeeping");
 static_assert(kWarpSize == 32, "mma.sync fragments assume 32-lane warps");
 
 // 16-bit activation rows the B fragments read, and per row the aux values: FP8, the inverse
@@ -419,7 +417,8 @@ __device__ __forceinline__ void write_pass(float (&acc)[kMats][4], const moe::Pl
 }
 
 // Copies window [w0, w_end) of the pass's B columns (and their aux values) into shared memory.
-// Called by every thread; the caller brackets it with barriers.
+// Called by every thread; the caller brackets it with barriers. Down reads h with ld.cg: in the
+// fused grid another CTA wrote it during this grid (an L1 line may hold a neighbour's stale bytes).
 template <MoeFormat F, bool kGateUp>
 __device__ __forceinline__ void stage_columns(const TcAct& act, const moe::Plan& plan, int top_k, int p0, int ncols,
                                               int64_t w0, int nwc, int window, const MoeStage& sl, uint16_t* s_b,
@@ -431,12 +430,13 @@ __device__ __forceinline__ void stage_columns(const TcAct& act, const moe::Plan&
   const int per_col = nwc * kChunkK / 8;  // uint4 of 16-bit activations per column
   for (int i = tid; i < ncols * per_col; i += kThreads) {
     const int n = i / per_col, j = i - n * per_col;
-    *reinterpret_cast<uint4*>(s_b + n * sl.row_u16 + 8 * j) =
-        *reinterpret_cast<const uint4*>(act.data + act_row(n) * act.stride + w0 * kChunkK + 8 * j);
+    const uint4* src = reinterpret_cast<const uint4*>(act.data + act_row(n) * act.stride + w0 * kChunkK + 8 * j);
+    *reinterpret_cast<uint4*>(s_b + n * sl.row_u16 + 8 * j) = kGateUp ? *src : __ldcg(src);
   }
   for (int i = tid; i < ncols * nwc * kAux; i += kThreads) {
     const int n = i / (nwc * kAux), j = i - n * (nwc * kAux);
-    s_inv[n * window * kAux + j] = act.aux[act_row(n) * act.aux_stride + w0 * kAux + j];
+    const float* src = act.aux + act_row(n) * act.aux_stride + w0 * kAux + j;
+    s_inv[n * window * kAux + j] = kGateUp ? *src : __ldcg(src);
   }
 }
 // FP8: the block scales of window [w0, w_end) for the CTA's 128-row block (scale rows fp8_scale[m]).
@@ -450,10 +450,29 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
   }
 }
 
+// Fused grid only: the expert-slot counters that order a slot's down tiles after its gate/up tiles.
+struct TcDeps {
+  const unsigned* h_ready = nullptr;  // down: wait until *h_ready >= h_tiles before reading h
+  unsigned h_tiles = 0;
+  unsigned* h_written = nullptr;      // gate/up: +1 once this tile's h is written and visible
+};
+
+// ld.acquire at GPU scope: a counter another CTA of this grid raises after a fence.
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// One work item of either grid: (expert slot, 64-row tile, K half z of kz) of gate/up, or (slot,
+// tile) of down, over all of the expert's passes of columns. Called by every thread of the CTA with
+// uniform arguments; the caller's next barrier frees the shared memory for another item. `first`: the CTA's
+// first item, which waits for the previous grid (pdl_wait) once its first weight burst is issued.
+// The structs come by value: a reference to a kernel parameter can make ptxas copy it to the stack.
 template <MoeFormat F, bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
-                                                             TcAct act, int top_k, int64_t k_dim, TcOut out,
-                                                             int window, int stage_cols) {
+__device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct act,
+                                            int top_k, int64_t k_dim, TcOut out, int window, int stage_cols, int slot,
+                                            int tile_y, int z, int kz, int tiles_per_slot, bool first, TcDeps deps) {
   constexpr bool kFp8 = F == MoeFormat::FP8;
   constexpr int kMats = kGateUp ? 2 : 1;
   constexpr int kU = moe_tc_burst<F, kGateUp>();  // chunks whose weight loads are in flight together
@@ -472,11 +491,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   [[maybe_unused]] float* s_ws = reinterpret_cast<float*>(moe_tc_smem + sl.ws_off);
 
   // The CTA's matrices (gate, up or down of its expert), columns and K chunks.
-  if (int(blockIdx.x) >= plan.counters[0]) {  // uniform per CTA: before any barrier
-    pdl_wait();  // every CTA waits: this grid's end implies its predecessor's
-    return;
-  }
-  const int e = plan.active[blockIdx.x];
+  const int e = plan.active[slot];
   const DeviceExpert& ex = table[e];
   const DeviceWeight* wsel[kMats];
   wsel[0] = kGateUp ? &ex.gate : &ex.down;
@@ -484,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   const int begin = plan.offsets[e], end = plan.offsets[e + 1];
   const int64_t c_end = k_dim / kChunkK;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int64_t row0 = int64_t(blockIdx.y) * kCtaRows + warp * kTileM;
+  const int64_t row0 = int64_t(tile_y) * kCtaRows + warp * kTileM;
   [[maybe_unused]] const int tok = t >> 1;  // INT4: the pass token of this lane's outputs (group columns)
 
   const uint4* arow[kMats][2];                         // lane's piece of chunk 0, rows row0 + g (+8)
@@ -527,11 +542,24 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
   // by this CTA or, with a K split (gridDim.z == 2: CTA z takes half z), by the tile's last CTA: the
   // same sums either way, so a token's outputs do not depend on the split (nor on the batch).
   const int64_t c_mid = kGateUp ? k_half(c_end, kU) : c_end;
-  const int kz = kGateUp ? int(gridDim.z) : 1, z = int(blockIdx.z);
   const int64_t c_lo = kz == 2 && z == 1 ? c_mid : 0, c_hi = kz == 2 && z == 0 ? c_mid : c_end;
   issue(c_lo, min(c_lo < c_mid ? min(c_mid, c_hi) : c_hi, c_lo + int64_t(window)));
-  pdl_wait();
-  pdl_trigger();  // the next grid (down after gate/up) may start issuing its own weights
+  if (first) {
+    pdl_wait();
+    pdl_trigger();  // the next grid (down after gate/up, or the combine) may start issuing its own loads
+  }
+  if constexpr (!kGateUp) {
+    if (deps.h_ready != nullptr) {  // fused grid: h of this slot is complete once all its gate/up tiles are
+      if (tid == 0) {
+        // The producers never wait, so this ends; a broken invariant traps (~10 s) rather than hangs.
+        for (unsigned spins = 0; ld_acquire_gpu(deps.h_ready) < deps.h_tiles; ++spins) {
+          if (spins == (1u << 27)) __trap();
+          __nanosleep(64);
+        }
+      }
+      __syncthreads();
+    }
+  }
   bool burst_ready = true;
 
   for (int p0 = begin; p0 < end; p0 += kPass) {  // uniform per CTA (same expert)
@@ -627,7 +655,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
     if (kz == 2) {
       // K split (one pass only: the host splits only when every expert has <= kPass pairs): publish
       // this half's sums, and the tile's second CTA to arrive adds them in half order.
-      const size_t tile_id = size_t(blockIdx.x) * gridDim.y + blockIdx.y;
+      const size_t tile_id = size_t(slot) * size_t(tiles_per_slot) + size_t(tile_y);
       float* mine = out.k_part + (tile_id * 2 + size_t(z)) * (kMats * 4 * kThreads) + tid;
 #pragma unroll
       for (int m = 0; m < kMats; ++m)
@@ -656,13 +684,112 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[m][i] = (acc_lo[m][i] + acc[m][i]) * xinv;
     }
-    write_pass<F, kGateUp, kMats>(acc, plan, out, p0, ncols, row0, int(blockIdx.y), colmax);
+    write_pass<F, kGateUp, kMats>(acc, plan, out, p0, ncols, row0, tile_y, colmax);
+  }
+  if constexpr (kGateUp) {
+    if (deps.h_written != nullptr) {  // release: every thread's h stores, then the count
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) atomicAdd(deps.h_written, 1u);
+    }
   }
 }
 
+// The two-grid path: gate/up then down, one CTA per item. Grid (expert slots, rows / 64, K halves):
+// slots past the active count exit at once.
+template <MoeFormat F, bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
+                                                             TcAct act, int top_k, int64_t k_dim, TcOut out,
+                                                             int window, int stage_cols) {
+  if (int(blockIdx.x) >= plan.counters[0]) {  // uniform per CTA
+    pdl_wait();  // every CTA waits: this grid's end implies its predecessor's
+    return;
+  }
+  moe_tc_tile<F, kGateUp>(table, plan, act, top_k, k_dim, out, window, stage_cols, int(blockIdx.x), int(blockIdx.y),
+                          kGateUp ? int(blockIdx.z) : 0, kGateUp ? int(gridDim.z) : 1, int(gridDim.y), true, TcDeps{});
+}
+
+// The fused grid's work queue (MoeTcArgs::queue; every counter zero between calls).
+struct TcQueue {
+  unsigned* head;    // next item to take
+  unsigned* exited;  // CTAs that found the queue empty
+  unsigned* done;    // [slots] gate/up tiles of expert slot j whose h is written
+  int slots;
+};
+
+// The fused, persistent path: one grid of as many CTAs as the GPU holds at once takes items from a
+// queue: first every gate/up item (expert slot major; a tile's K halves adjacent), then every down
+// item (slot major). A down item waits for its slot's gate/up tiles (TcDeps) after issuing its first
+// weight burst; those items were all taken before it by running CTAs, which never wait, so the wait
+// ends (also when the grid exceeds what is resident). Why: at DeepSeek-V3 batch 1 the two grids are
+// 512 and 896 CTAs on 396 slots, i.e. 1.3 and 2.3 waves of latency-bound CTAs, two tails and a
+// kernel boundary; here the down items fill the gate/up tail and one short tail remains. Each item
+// computes exactly what the two-grid path's CTA computes (the same K halves, fold and order), so the
+// two paths give the same bits. A CTA takes its next ticket when it starts an item (the atomic's
+// round trip hides behind the item); the last CTA out zeroes the queue for the next call.
+template <MoeFormat F>
+__global__ void __launch_bounds__(kThreads, 3) moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
+                                                                   TcAct x_act, TcAct h_act, int top_k, int64_t hidden,
+                                                                   int64_t inter, TcOut o1, TcOut o2, int w1, int w2,
+                                                                   int stage_cols, int kz, TcQueue q) {
+  __shared__ unsigned s_item, s_last;
+  const int tid = int(threadIdx.x);
+  const unsigned ic = unsigned(inter / kCtaRows), hc = unsigned(hidden / kCtaRows);
+  const unsigned active = unsigned(plan.counters[0]);  // complete before the prep kernel started
+  const unsigned gu_per_slot = ic * unsigned(kz), n_gu = active * gu_per_slot, total = n_gu + active * hc;
+  if (tid == 0) s_item = atomicAdd(q.head, 1u);
+  __syncthreads();
+  unsigned item = s_item;
+  bool first = true;
+  while (item < total) {  // uniform per CTA
+    unsigned next = 0;
+    if (tid == 0) next = atomicAdd(q.head, 1u);  // in flight during the item
+    if (item < n_gu) {
+      const int slot = int(item / gu_per_slot), r = int(item % gu_per_slot);
+      TcDeps d;
+      d.h_written = q.done + slot;
+      moe_tc_tile<F, true>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, r % kz, kz, int(ic),
+                           first, d);
+    } else {
+      const int slot = int((item - n_gu) / hc), y = int((item - n_gu) % hc);
+      TcDeps d;
+      d.h_ready = q.done + slot;
+      d.h_tiles = ic;
+      moe_tc_tile<F, false>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y, 0, 1, int(hc), first, d);
+    }
+    first = false;
+    if (tid == 0) s_item = next;  // every thread read s_item before the tile's barriers
+    __syncthreads();  // also: every thread is done with the tile's shared memory
+    item = s_item;
+    __syncthreads();  // s_item is rewritten after the next item
+  }
+  if (first) pdl_wait();  // every CTA waits: this grid's end implies its predecessor's
+  if (tid == 0) s_last = atomicAdd(q.exited, 1u) == gridDim.x - 1 ? 1u : 0u;
+  __syncthreads();
+  if (s_last != 0u) {  // every other CTA has left the loop: nothing reads the queue any more
+    for (int j = tid; j < q.slots; j += kThreads) q.done[j] = 0u;
+    if (tid == 0) {
+      *q.head = 0u;
+      *q.exited = 0u;
+    }
+  }
+}
+
+// Two-grid path: the INT4 gate/up pass splits K over two CTAs per tile when its unsplit grid is at
+// most this many tiles and every expert has one pass of columns (<= 2 tokens). DeepSeek-V3 batch 1: 8 experts x 32
+// tiles = 256 CTAs, ~8 warps per SM, too few to cover the weight stream's latency; split, 512 CTAs
+// read 51-52% of copy bandwidth against 44-45% (H200, 2026-12-03). Batch 2 (16 x 32 = 512 tiles:
+// 512 whole-K CTAs are 1.3 waves of 396 slots) split, 1024 CTAs: 58.1% against 49.4% (two processes
+// each, same build; batch 1, 4 and 8 unchanged). FP8 batch 1 measured slower split (65.5% against
+// 70.7-72.1%) and stays whole.
+// Measured and not kept (2026-12-03): K in four fixed parts, four CTAs per tile at batch 1, read
+// 46.7-47.4% there against 43.1-43.3% split in two (same calls), but the four-part fold cost the
+// unsplit batch 8 2.7 points (69.5% against 72.2%) and FP8 batch 8 1.7.
+constexpr int64_t kKSplitMaxTiles = 512;
+
 template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   constexpr bool kFp8 = F == MoeFormat::FP8;
-  const TcLayout l = tc_layout(a.tokens, a.pairs, a.hidden, a.inter);
+  const TcLayout l = tc_layout(F, a.tokens, a.pairs, a.hidden, a.inter);
   char* base = static_cast<char*>(a.scratch);
   auto* x16 = reinterpret_cast<uint16_t*>(base + l.x16);
   auto* x_aux = reinterpret_cast<float*>(base + l.x_aux);
@@ -695,9 +822,6 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   const int w1 = window_for(a.hidden / chunk_k(F), moe_tc_burst<F, true>());
   const int w2 = window_for(a.inter / chunk_k(F), moe_tc_burst<F, false>());
 
-  // K split of the INT4 gate/up pass (kKSplitMaxTiles): one pass per expert (an expert has at most
-  // `tokens` pairs) and a small grid.
-  const bool ksplit = !kFp8 && a.k_tickets != nullptr && a.tokens <= kKSplitMaxTokens && int64_t(a.slots) * ic <= kKSplitMaxTiles;
   TcOut o1{};
   o1.k_part = reinterpret_cast<float*>(base + l.k_part);
   o1.k_tickets = a.k_tickets;
@@ -705,16 +829,42 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   o1.h_stride = a.inter;
   o1.h_aux = h_aux;
   o1.h_aux_stride = h_aux_stride;
-  mma::launch_maybe_pdl(moe_tc_kernel<F, true>, dim3(unsigned(a.slots), unsigned(ic), ksplit ? 2u : 1u), dim3(kThreads),
-                        moe_stage(F, w1, cols).bytes, true, stream, a.table, a.plan,
-                        TcAct{x16, a.hidden, x_aux, x_aux_stride}, a.top_k, a.hidden, o1, w1, cols);
-
   TcOut o2{};
   o2.y = a.y;
   o2.y_stride = a.hidden;
+  const TcAct x_act{x16, a.hidden, x_aux, x_aux_stride}, h_act{h16, a.inter, h_aux, h_aux_stride};
+  const int64_t gu_tiles = int64_t(a.slots) * ic;  // at most; the active experts' tiles on the device
+  const bool one_pass = a.k_tickets != nullptr && a.tokens <= split_max_tokens(F);
+
+  if (a.fused_ctas > 0) {
+    // K split where the gate/up tiles are fewer than two per CTA (DeepSeek-V3 batch 1 and 2).
+    const bool ksplit = one_pass && gu_tiles <= kKSplitMaxTilesFused && gu_tiles < 2 * int64_t(a.fused_ctas);
+    const TcQueue q{a.queue, a.queue + 1, a.queue + 2, a.slots};
+    mma::launch_maybe_pdl(moe_tc_fused_kernel<F>, dim3(unsigned(a.fused_ctas)), dim3(kThreads),
+                          std::max(moe_stage(F, w1, cols).bytes, moe_stage(F, w2, cols).bytes), true, stream, a.table,
+                          a.plan, x_act, h_act, a.top_k, a.hidden, a.inter, o1, o2, w1, w2, cols, ksplit ? 2 : 1, q);
+    return;
+  }
+  // Two grids. K split of the INT4 gate/up pass (kKSplitMaxTiles): one pass per expert (an expert
+  // has at most `tokens` pairs) and a small grid.
+  const bool ksplit = !kFp8 && one_pass && gu_tiles <= kKSplitMaxTiles;
+  mma::launch_maybe_pdl(moe_tc_kernel<F, true>, dim3(unsigned(a.slots), unsigned(ic), ksplit ? 2u : 1u), dim3(kThreads),
+                        moe_stage(F, w1, cols).bytes, true, stream, a.table, a.plan, x_act, a.top_k, a.hidden, o1, w1,
+                        cols);
   mma::launch_maybe_pdl(moe_tc_kernel<F, false>, dim3(unsigned(a.slots), unsigned(hc)), dim3(kThreads),
-                        moe_stage(F, w2, cols).bytes, true, stream, a.table, a.plan,
-                        TcAct{h16, a.inter, h_aux, h_aux_stride}, a.top_k, a.inter, o2, w2, cols);
+                        moe_stage(F, w2, cols).bytes, true, stream, a.table, a.plan, h_act, a.top_k, a.inter, o2, w2,
+                        cols);
+}
+
+// CTAs of the fused grid: as many as the device holds at once (the window logic keeps a CTA's
+// dynamic shared memory within kMoeStageBudget, under the 48 KB that needs no opt-in).
+template <MoeFormat F> int fused_grid() {
+  int dev = 0, sms = 0, per_sm = 0;
+  MLA_GPU_CHECK(cudaGetDevice(&dev));
+  MLA_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  MLA_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_tc_fused_kernel<F>, kThreads,
+                                                              kMoeStageBudget));
+  return std::max(1, sms * per_sm);
 }
 }  // namespace
 
@@ -723,6 +873,10 @@ bool moe_tc_device_ok() {
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
   return major >= 8;
+}
+
+int moe_tc_fused_grid(MoeFormat format) {
+  return format == MoeFormat::FP8 ? fused_grid<MoeFormat::FP8>() : fused_grid<MoeFormat::I4_BF16>();
 }
 
 void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream) {
@@ -736,6 +890,8 @@ void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream) {
 #else  // HIP: no mma.sync; the dispatcher never picks this path.
 
 bool moe_tc_device_ok() { return false; }
+
+int moe_tc_fused_grid(MoeFormat) { return 0; }
 
 void moe_tc_launch(MoeFormat, const MoeTcArgs&, Stream) {
   MLA_CHECK(false, "moe_tc_launch: tensor-core MoE decode needs a CUDA build");

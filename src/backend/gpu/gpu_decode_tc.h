@@ -30,17 +30,23 @@ struct MoeTcArgs {
   int64_t x_stride;
   int tokens, top_k, pairs, slots;  // pairs = tokens * top_k; slots = min(E, pairs) (grid x)
   int64_t hidden, inter;
-  void* scratch;              // moe_tc_scratch_bytes(tokens, pairs, hidden, inter) bytes, 256-aligned
+  void* scratch;              // moe_tc_scratch_bytes(format, tokens, pairs, hidden, inter) bytes, 256-aligned
   float* y;                   // out: [pairs, hidden] fp32, row = pair index t * top_k + slot
   // Gate/up K-split tickets: [slots * inter / 64] counters, zero between calls (the kernel leaves
   // them zero); nullptr: no K split.
   unsigned* k_tickets = nullptr;
+  // > 0: one fused, persistent grid of this many CTAs (moe_tc_fused_grid) runs gate/up and down
+  // from a work queue; 0: two grids. Both give the same bits.
+  int fused_ctas = 0;
+  unsigned* queue = nullptr;  // fused: [2 + slots] counters, zero between calls (the kernel leaves them zero)
 };
 
 bool moe_tc_shape_ok(MoeFormat format, int64_t hidden, int64_t inter);
 // Compute capability major of the current device >= 8 (false on HIP builds).
 bool moe_tc_device_ok();
-size_t moe_tc_scratch_bytes(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter);
+size_t moe_tc_scratch_bytes(MoeFormat format, int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter);
+// CTAs the device holds at once of the fused grid for `format` (FP8 or I4_BF16; 0 on HIP builds).
+int moe_tc_fused_grid(MoeFormat format);
 // Enqueues prep (x -> 16-bit), gate/up (-> 16-bit h) and down (-> y). Precondition: the constraint
 // above holds and `format` is the table's.
 void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream);

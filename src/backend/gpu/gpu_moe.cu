@@ -484,6 +484,12 @@ void set_moe_tc_k_split(ops::Backend& gpu, bool split) {
   backend->moe_state().tc_k_split = split;
 }
 
+void set_moe_tc_fused(ops::Backend& gpu, bool fused) {
+  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
+  MLA_CHECK(backend != nullptr, "set_moe_tc_fused: backend '{}' is not the GPU backend", gpu.name());
+  backend->moe_state().tc_fused = fused;
+}
+
 void GpuBackend::moe_route(const TensorView& router_logits, const TensorView& bias, const ops::MoeRouting& routing,
                            const TensorView& topk_ids, const TensorView& topk_weights) {
   check_2d(router_logits, DType::F32, "moe_route router_logits");
@@ -571,7 +577,7 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   const size_t sz_sorted = align_up(size_t(max_pairs + 1) * 4, 256), sz_tiles = align_up(size_t(max_tiles + 1) * 4, 256);
   const size_t sz_counters = 256, sz_h = align_up(size_t(max_pairs * inter_pad) * 4, 256);
   const size_t sz_y = align_up(size_t(max_pairs * hidden) * 4, 256);
-  const size_t sz_tc = use_tc ? align_up(moe_tc_scratch_bytes(chunk, max_pairs, hidden, inter), 256) : 0;
+  const size_t sz_tc = use_tc ? align_up(moe_tc_scratch_bytes(table.format, chunk, max_pairs, hidden, inter), 256) : 0;
   char* base = static_cast<char*>(moe_->scratch.get(
       *this, sz_offsets + sz_active + sz_sorted + 2 * sz_tiles + sz_counters + sz_h + sz_y + sz_tc));
   Plan plan;
@@ -584,9 +590,17 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   float* h = reinterpret_cast<float*>(base += sz_counters);
   float* y = reinterpret_cast<float*>(base += sz_h);
   void* tc_scratch = base + sz_y;
-  // A ticket per gate/up tile of the tensor-core decode's K split (zero-filled when allocated).
-  unsigned* tc_tickets =
-      use_tc && moe_->tc_k_split ? moe_->tc_tickets.get_as<unsigned>(*this, size_t(std::min(num_experts, max_pairs) * (inter / 64))) : nullptr;
+  // Tensor-core decode counters (zero-filled when allocated, left zero by every call): a ticket per
+  // gate/up tile for the K split, then the fused grid's queue (head, exited, one per expert slot).
+  const int64_t max_slots = std::min(num_experts, max_pairs);
+  unsigned* tc_tickets = use_tc ? moe_->tc_tickets.get_as<unsigned>(*this, size_t(max_slots * (inter / 64) + 2 + max_slots))
+                                : nullptr;
+  int fused_ctas = 0;
+  if (use_tc && moe_->tc_fused) {
+    int& grid = moe_->tc_fused_grid[table.format == MoeFormat::FP8 ? 0 : 1];
+    if (grid == 0) grid = moe_tc_fused_grid(table.format);
+    fused_ctas = grid;
+  }
 
   const auto* dev_table = static_cast<const DeviceExpert*>(table.device.data());
   for (int64_t t0 = 0; t0 < num_tokens; t0 += chunk) {
@@ -609,7 +623,9 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
       a.inter = inter;
       a.scratch = tc_scratch;
       a.y = y;
-      a.k_tickets = tc_tickets;
+      a.k_tickets = moe_->tc_k_split ? tc_tickets : nullptr;
+      a.fused_ctas = fused_ctas;
+      a.queue = tc_tickets + max_slots * (inter / 64);
       moe_tc_launch(table.format, a, stream());
     } else if (inter > 0 && pairs > 0) {
       ExpertLaunch a;

@@ -18,4 +18,9 @@ void set_moe_path(ops::Backend& gpu, MoePath path);
 // split over two CTAs per tile where its grid is small). Both give the same bits.
 void set_moe_tc_k_split(ops::Backend& gpu, bool split);
 
+// Test / bench knob: true runs the tensor-core decode as one persistent grid that takes both passes'
+// tiles from a work queue instead of two grids (gate/up, then down; one CTA per tile; the default
+// until the fused grid is measured on the GPU host). Both give the same bits.
+void set_moe_tc_fused(ops::Backend& gpu, bool fused);
+
 }  // namespace mla::gpu

@@ -50,10 +50,13 @@ struct MoeExpertTable {
 
 struct MoeState {
   Scratch scratch;
-  Scratch tc_tickets;                 // MoeTcArgs::k_tickets: zero-filled when allocated, left zero by every call
+  // MoeTcArgs::k_tickets, then MoeTcArgs::queue: zero-filled when allocated, left zero by every call.
+  Scratch tc_tickets;
   MoePath path = MoePath::Auto;
   bool tc_k_split = true;             // set_moe_tc_k_split
+  bool tc_fused = false;              // set_moe_tc_fused (off until measured on the GPU host)
   int tc_device = -1;                 // 1: the mma.sync decode path runs on this device, 0: not, -1: unprobed
+  int tc_fused_grid[2] = {0, 0};      // moe_tc_fused_grid(FP8 / I4_BF16) of this device; 0: not yet asked
   // One table per MoE layer's expert span, found by (data, size): a few dozen entries, linear search
   // (std::map of these trips a clang 15 HIP crash).
   std::vector<std::unique_ptr<MoeExpertTable>> tables;
