@@ -131,6 +131,7 @@ PY
   # reads lower than the same build did elsewhere can be told apart from a GPU clocked down (session
   # 15 saw MoE INT4 batch 1-2 7-10 points lower here than in standalone processes).
   # name:timeout_s pairs; MLA_BENCH_SPECS overrides them (to fit a tighter device budget).
+  # MLA_BENCH_EXTRA: flags added to every bench process (mla_bench_gpu --help), e.g. --moe-ab.
   rm -f "$out/clocks.log"
   for spec in ${MLA_BENCH_SPECS:-mla-decode:60 mla-prefill:120 moe:90 gemm:60}; do
     name=${spec%%:*}
@@ -139,7 +140,8 @@ PY
     nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
       --format=csv,noheader,nounits -lms 500 >"$out/clocks_$name.log" 2>/dev/null &
     sampler=$!
-    timeout -k 10 "$limit" "$bench" --only "$name" --out "$out/bench_$name" $quick >"$out/bench_$name.log" 2>&1
+    # shellcheck disable=SC2086  # MLA_BENCH_EXTRA: extra flags for every bench process (e.g. --moe-ab)
+    timeout -k 10 "$limit" "$bench" --only "$name" --out "$out/bench_$name" $quick ${MLA_BENCH_EXTRA:-} >"$out/bench_$name.log" 2>&1
     rc=$?
     kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
     awk -F, -v n="$name" '$1 ~ /^ *[0-9]+ *$/ { c[++k] = $1 + 0; if ($3 + 0 > t) t = $3 + 0; if ($4 + 0 > p) p = $4 + 0 }
