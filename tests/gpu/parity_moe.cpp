@@ -387,8 +387,8 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16KSplitBitIdentical) {
 // 64-row tile), K split or not (FP8 T <= 8 and INT4 T <= 2 split while the gate/up tiles are fewer
 // than two per CTA), several passes per expert (T = 16 on 3 experts, top-2: ~11 pairs each; INT4
 // T = 8 on 9 held experts of 12), the DeepSeek-V3 shape at batch 1 / 2 / 8 (<= 8 x 32 gate/up and
-// <= 8 x 112 down tiles in one queue at batch 1), and each call three times in a row (the queue counters must
-// be left zero by every call). Also against the CPU.
+// <= 8 x 112 down tiles in one queue at batch 1), and each call three times in a row (the queue
+// counters must be left zero by every call). Also against the CPU.
 TEST(GpuParityMoe, TensorCoreDecodeBf16FusedBitIdentical) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
@@ -440,38 +440,43 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16FusedBitIdentical) {
 
 // Decode steps are graph-captured: the tensor-core path's launches depend on shapes only, so a
 // replay after new routing ids (same buffers, fresh values) computes the new step. The output is
-// re-poisoned before each replay so that only the replay can pass.
+// re-poisoned before each replay so that only the replay can pass. Both the two grids and the fused
+// grid (whose queue counters each replay must find zero and leave zero).
 TEST(GpuParityMoe, TensorCoreDecodeBf16GraphReplay) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
   std::mt19937 rng(7400);
-  for (WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
-    const int64_t tokens = 5, hidden = 256, inter = 128, num_experts = 16;
-    const int top_k = 4;
-    const auto set = make_experts(rng, kind, num_experts, hidden, inter, 4);
-    const Twin x = twin_random(rng, DType::F32, {tokens, hidden});
-    const Twin ids = random_ids(rng, tokens, num_experts, top_k);
-    const Twin weights = twin_random(rng, DType::F32, {tokens, top_k}, 0.05f, 1.0f);
-    const Twin out = twin_output(DType::F32, {tokens, hidden});
-    const Twin poison = twin_output(DType::F32, {tokens, hidden});
-    be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);  // eager: builds the table, grows scratch
-    be->synchronize();
-    std::unique_ptr<ops::OpGraph> graph =
-        be->capture([&] { be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu); });
-    for (int step = 0; step < 2; ++step) {
-      const Twin next = random_ids(rng, tokens, num_experts, top_k);
-      std::memcpy(ids.host_buf->data(), next.host_buf->data(), ids.host_buf->size());
-      sync_to_device(ids);
-      gpu_backend().synchronize();  // the copy ran on the default test backend's stream
-      be->copy(poison.gpu, out.gpu);
-      graph->replay();
+  for (const bool fused : {false, true}) {
+    for (WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
+      gpu::set_moe_tc_fused(*be, fused);
+      const int64_t tokens = 5, hidden = 256, inter = 128, num_experts = 16;
+      const int top_k = 4;
+      const auto set = make_experts(rng, kind, num_experts, hidden, inter, 4);
+      const Twin x = twin_random(rng, DType::F32, {tokens, hidden});
+      const Twin ids = random_ids(rng, tokens, num_experts, top_k);
+      const Twin weights = twin_random(rng, DType::F32, {tokens, top_k}, 0.05f, 1.0f);
+      const Twin out = twin_output(DType::F32, {tokens, hidden});
+      const Twin poison = twin_output(DType::F32, {tokens, hidden});
+      be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);  // eager: builds the table, grows scratch
       be->synchronize();
-      cpu_backend().moe_experts(x.cpu, ids.cpu, weights.cpu, set->cpu, out.cpu);
-      std::string name = weight_kind_name(kind);
-      name += " graph replay step ";
-      name += std::to_string(step);
-      name += " T5 H256 I128 E16 k4 [bf16 tc]";
-      EXPECT_TRUE(check_parity("moe_experts", name, out, tc_tol(kind)));
+      std::unique_ptr<ops::OpGraph> graph =
+          be->capture([&] { be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu); });
+      for (int step = 0; step < 3; ++step) {
+        const Twin next = random_ids(rng, tokens, num_experts, top_k);
+        std::memcpy(ids.host_buf->data(), next.host_buf->data(), ids.host_buf->size());
+        sync_to_device(ids);
+        gpu_backend().synchronize();  // the copy ran on the default test backend's stream
+        be->copy(poison.gpu, out.gpu);
+        graph->replay();
+        be->synchronize();
+        cpu_backend().moe_experts(x.cpu, ids.cpu, weights.cpu, set->cpu, out.cpu);
+        std::string name = weight_kind_name(kind);
+        name += " graph replay step ";
+        name += std::to_string(step);
+        name += fused ? " T5 H256 I128 E16 k4 [bf16 tc, fused grid]" : " T5 H256 I128 E16 k4 [bf16 tc]";
+        EXPECT_TRUE(check_parity("moe_experts", name, out, tc_tol(kind)));
+      }
+      gpu::set_moe_tc_fused(*be, false);  // the backend's default
     }
   }
 }
