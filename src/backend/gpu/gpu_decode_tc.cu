@@ -466,8 +466,9 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 
 // One work item of either grid: (expert slot, 64-row tile, K half z of kz) of gate/up, or (slot,
 // tile) of down, over all of the expert's passes of columns. Called by every thread of the CTA with
-// uniform arguments; the caller's next barrier frees the shared memory for another item. `first`: the CTA's
-// first item, which waits for the previous grid (pdl_wait) once its first weight burst is issued.
+// uniform arguments; the caller's next barrier frees the shared memory for another item. `first`:
+// the CTA's first item, which waits for the previous grid (pdl_wait) once its first weight burst is
+// issued.
 // The structs come by value: a reference to a kernel parameter can make ptxas copy it to the stack.
 template <MoeFormat F, bool kGateUp>
 __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct act,
@@ -776,8 +777,8 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_fused_kernel(const DeviceE
 }
 
 // Two-grid path: the INT4 gate/up pass splits K over two CTAs per tile when its unsplit grid is at
-// most this many tiles and every expert has one pass of columns (<= 2 tokens). DeepSeek-V3 batch 1: 8 experts x 32
-// tiles = 256 CTAs, ~8 warps per SM, too few to cover the weight stream's latency; split, 512 CTAs
+// most this many tiles and every expert has one pass of columns (<= 2 tokens). DeepSeek-V3 batch 1:
+// 8 experts x 32 tiles = 256 CTAs, ~8 warps per SM, too few to cover the weight stream's latency; split, 512 CTAs
 // read 51-52% of copy bandwidth against 44-45% (H200, 2026-12-03). Batch 2 (16 x 32 = 512 tiles:
 // 512 whole-K CTAs are 1.3 waves of 396 slots) split, 1024 CTAs: 58.1% against 49.4% (two processes
 // each, same build; batch 1, 4 and 8 unchanged). FP8 batch 1 measured slower split (65.5% against
