@@ -44,9 +44,14 @@ int main(int argc, char** argv) {
   app.add_flag("--profile-calls", o.profile_calls,
                "moe, gemm: after timing each case, call it once more inside a profiler range (`ncu "
                "--profile-from-start off` then sees one call of each case and nothing else)");
-  app.add_flag("--moe-ab", o.moe_ab,
+  bool moe_ab = false;
+  app.add_flag("--moe-ab", moe_ab,
                "moe: time each case twice on the fused persistent grid and twice on the two-grid path, "
-               "alternating (same process, same inputs)");
+               "alternating (same process, same inputs); the same as --moe-variants fused,2grid,fused,2grid");
+  app.add_option("--moe-variants", o.moe_variants,
+                 "moe: comma-separated decode variants timed in turn on each case: fused | 2grid, optionally "
+                 "+pfN (L2 prefetch N 64-byte chunks ahead) and +nosplit (no gate/up K split)")
+      ->delimiter(',');
   app.add_option("--decode-contexts", o.decode_contexts,
                  "mla-decode: contexts besides 4096 for the 16-head batch-64 row (how the op's fixed costs "
                  "per call amortize)");
@@ -55,6 +60,7 @@ int main(int argc, char** argv) {
                  "mla-prefill: queries at the end of the context (0 = q_len = context)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (moe_ab && o.moe_variants.empty()) o.moe_variants = {"fused", "2grid", "fused", "2grid"};
 
   std::set<std::string> want;
   for (size_t a = 0; a <= only.size();) {

@@ -9,12 +9,14 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 
 #include <fmt/format.h>
 
 #include "backend/gpu/gpu_linear.h"
 #include "backend/gpu/gpu_moe.h"
 #include "bench_gpu.h"
+#include "core/status.h"
 
 namespace mla::bench {
 
@@ -26,8 +28,47 @@ namespace mla::bench {
 //   FLOPs = B x 8 x 3 x 2 x 7168 x 2048 (negligible: ~0.35 FLOP/B at B=1).
 // Batch 1 FP8: 8 experts = 354 MB -> ~82 us at 4.3 TB/s. Each call's routing is one of 32
 // pre-drawn random sets, so consecutive calls read different experts (no L2 reuse beyond chance).
+namespace {
+// One --moe-variants entry: "fused" | "2grid", then any of "+pfN", "+nosplit". "" = the backend's
+// defaults (is_default: leave the knobs alone).
+struct MoeVariant {
+  std::string name;
+  bool is_default = true, fused = false, k_split = true;
+  int prefetch = 0;
+};
+MoeVariant parse_moe_variant(const std::string& spec) {
+  MoeVariant v;
+  v.name = spec;
+  if (spec.empty()) return v;
+  v.is_default = false;
+  size_t at = 0;
+  bool path_given = false;
+  while (at <= spec.size()) {
+    const size_t plus = std::min(spec.find('+', at), spec.size());
+    const std::string part = spec.substr(at, plus - at);
+    if (part == "fused" || part == "2grid") {
+      v.fused = part == "fused";
+      path_given = true;
+    } else if (part == "nosplit") {
+      v.k_split = false;
+    } else if (part.size() > 2 && part.compare(0, 2, "pf") == 0 &&
+               part.find_first_not_of("0123456789", 2) == std::string::npos) {
+      v.prefetch = std::stoi(part.substr(2));
+    } else {
+      MLA_CHECK(false, "--moe-variants: '{}' in '{}' is not fused, 2grid, pfN or nosplit", part, spec);
+    }
+    at = plus + 1;
+  }
+  MLA_CHECK(path_given, "--moe-variants: '{}' names neither fused nor 2grid", spec);
+  return v;
+}
+}  // namespace
+
 void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) {
   const int num_experts = o.quick ? 32 : 256, hidden = 7168, inter = 2048, top_k = 8, sets = 32;
+  std::vector<MoeVariant> variants;
+  for (const std::string& spec : o.moe_variants) variants.push_back(parse_moe_variant(spec));
+  if (variants.empty()) variants.push_back(parse_moe_variant(""));
   for (const BenchWeight kind : {BenchWeight::FP8, BenchWeight::INT4}) {
     auto be = make_bench_backend(true);
     const gpu::Stream s = backend_stream(*be);
@@ -73,10 +114,13 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       DevTensor out = dev_tensor(*be, DType::F32, {batch, hidden});
       fill_random(x.view, 300 + uint64_t(batch), -1, 1, s);
       be->synchronize();
-      // --moe-ab: the fused grid and the two-grid path in turn, twice each (A B A B); else the default.
-      const std::vector<int> variants = o.moe_ab ? std::vector<int>{1, 0, 1, 0} : std::vector<int>{-1};
-      for (const int fused : variants) {
-        if (fused >= 0) gpu::set_moe_tc_fused(*be, fused != 0);
+      // --moe-variants: each in turn (e.g. A B A B); else the backend's default.
+      for (const MoeVariant& v : variants) {
+        if (!v.is_default) {
+          gpu::set_moe_tc_fused(*be, v.fused);
+          gpu::set_moe_tc_prefetch(*be, v.prefetch);
+          gpu::set_moe_tc_k_split(*be, v.k_split);
+        }
         TimingPlan plan;
         plan.max_reps = o.quick ? 20 : 200;
         plan.budget_ms = o.quick ? 100 : 1000;
@@ -96,15 +140,18 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
           gbps.push_back(unique[(size_t(plan.warmup) + i) % sets] * expert_bytes / (t.per_rep_ms[i] * 1e-3) / 1e9);
         std::sort(gbps.begin(), gbps.end());
         const double mean_unique = std::accumulate(unique.begin(), unique.end(), 0.0) / sets;
-        const char* tag = fused < 0 ? "" : fused ? " [fused grid]" : " [two grids]";
+        const std::string tag = v.is_default ? "" : fmt::format(" [{}]", v.name);
         report.add({"moe_decode",
                     fmt::format("{} experts {} top-{}, batch {}, {}{}", num_experts, bench_weight_name(kind), top_k,
                                 batch, "7168x2048", tag),
                     t.median_ms, gbps[gbps.size() / 2], "GB/s", c.copy_gbps, "copy BW", 0.7,
                     fmt::format("{:.1f} unique experts/call avg, {:.1f} MB each", mean_unique, expert_bytes / 1e6),
-                    fmt::format("{} b{}{}", bench_weight_name(kind), batch, fused < 0 ? "" : fused ? " fused" : " 2grid")});
+                    fmt::format("{} b{}{}{}", bench_weight_name(kind), batch, v.is_default ? "" : " ", v.name)});
       }
-      gpu::set_moe_tc_fused(*be, false);  // the backend's default
+      const MoeVariant def = parse_moe_variant("");  // the backend's defaults again
+      gpu::set_moe_tc_fused(*be, def.fused);
+      gpu::set_moe_tc_prefetch(*be, def.prefetch);
+      gpu::set_moe_tc_k_split(*be, def.k_split);
     }
   }
   report.print("moe_decode");
