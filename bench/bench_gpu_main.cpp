@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
                "moe: time each case twice on the fused persistent grid and twice on the two-grid path, "
                "alternating (same process, same inputs); the same as --moe-variants fused,2grid,fused,2grid");
   app.add_option("--moe-variants", o.moe_variants,
-                 "moe: comma-separated decode variants timed in turn on each case: fused | 2grid, optionally "
+                 "moe: comma-separated decode variants timed in turn on each case: auto | fused | 2grid, optionally "
                  "+pfN (L2 prefetch N 64-byte chunks ahead) and +nosplit (no gate/up K split)")
       ->delimiter(',');
   app.add_option("--decode-contexts", o.decode_contexts,

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -29,11 +30,12 @@ namespace mla::bench {
 // Batch 1 FP8: 8 experts = 354 MB -> ~82 us at 4.3 TB/s. Each call's routing is one of 32
 // pre-drawn random sets, so consecutive calls read different experts (no L2 reuse beyond chance).
 namespace {
-// One --moe-variants entry: "fused" | "2grid", then any of "+pfN", "+nosplit". "" = the backend's
-// defaults (is_default: leave the knobs alone).
+// One --moe-variants entry: "auto" | "fused" | "2grid", then any of "+pfN", "+nosplit". "" = the
+// backend's defaults, untagged (auto: moe_tc_fused_auto picks the grid per call).
 struct MoeVariant {
   std::string name;
-  bool is_default = true, fused = false, k_split = true;
+  bool is_default = true, k_split = true;
+  std::optional<bool> fused;
   int prefetch = 0;
 };
 MoeVariant parse_moe_variant(const std::string& spec) {
@@ -46,8 +48,8 @@ MoeVariant parse_moe_variant(const std::string& spec) {
   while (at <= spec.size()) {
     const size_t plus = std::min(spec.find('+', at), spec.size());
     const std::string part = spec.substr(at, plus - at);
-    if (part == "fused" || part == "2grid") {
-      v.fused = part == "fused";
+    if (part == "auto" || part == "fused" || part == "2grid") {
+      if (part != "auto") v.fused = part == "fused";
       path_given = true;
     } else if (part == "nosplit") {
       v.k_split = false;
@@ -55,11 +57,11 @@ MoeVariant parse_moe_variant(const std::string& spec) {
                part.find_first_not_of("0123456789", 2) == std::string::npos) {
       v.prefetch = std::stoi(part.substr(2));
     } else {
-      MLA_CHECK(false, "--moe-variants: '{}' in '{}' is not fused, 2grid, pfN or nosplit", part, spec);
+      MLA_CHECK(false, "--moe-variants: '{}' in '{}' is not auto, fused, 2grid, pfN or nosplit", part, spec);
     }
     at = plus + 1;
   }
-  MLA_CHECK(path_given, "--moe-variants: '{}' names neither fused nor 2grid", spec);
+  MLA_CHECK(path_given, "--moe-variants: '{}' names none of auto, fused, 2grid", spec);
   return v;
 }
 }  // namespace

@@ -422,7 +422,7 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16FusedBitIdentical) {
         gpu::set_moe_tc_prefetch(*be, prefetch);
         be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);
         be->synchronize();
-        gpu::set_moe_tc_fused(*be, false);  // the backend's defaults
+        gpu::set_moe_tc_fused(*be, std::nullopt);  // the backend's defaults
         gpu::set_moe_tc_prefetch(*be, 0);
         return out;
       };
@@ -484,7 +484,7 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16GraphReplay) {
         name += fused ? " T5 H256 I128 E16 k4 [bf16 tc, fused grid]" : " T5 H256 I128 E16 k4 [bf16 tc]";
         EXPECT_TRUE(check_parity("moe_experts", name, out, tc_tol(kind)));
       }
-      gpu::set_moe_tc_fused(*be, false);  // the backend's default
+      gpu::set_moe_tc_fused(*be, std::nullopt);  // the backend's default
     }
   }
 }

@@ -935,4 +935,14 @@ void moe_tc_launch(MoeFormat, const MoeTcArgs&, Stream) {
 
 #endif  // MLA_GPU_CUDA
 
+// Same-process A/B on an H200 (2026-12-06, `mla_bench_gpu --only moe --moe-ab`, DeepSeek-V3
+// experts, two alternating rows each, copy ceiling 4231 GB/s), fraction of copy bandwidth at batch
+// 1 / 2 / 4 / 8, fused against two grids:
+//   FP8  66.5 / 82.9 / 89.7 / 93.6%  against  72.1 / 74.5 / 86.0 / 92.3%
+//   INT4 32.8 / 45.2 / 50.9 / 64.9%  against  43.3 / 59.2 / 66.3 / 72.2%
+// The fused grid wins FP8 from batch 2 (one queue fills the gate/up tail with down items) and loses
+// FP8 batch 1 (it splits that gate/up pass over K, which measured slower for FP8 in two grids too)
+// and every INT4 batch (its 168-register cap spills 228 B of the two bodies' live state).
+bool moe_tc_fused_auto(MoeFormat format, int64_t tokens) { return format == MoeFormat::FP8 && tokens >= 2; }
+
 }  // namespace mla::gpu

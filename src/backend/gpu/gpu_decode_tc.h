@@ -50,6 +50,9 @@ bool moe_tc_device_ok();
 size_t moe_tc_scratch_bytes(MoeFormat format, int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter);
 // CTAs the device holds at once of the fused grid for `format` (FP8 or I4_BF16; 0 on HIP builds).
 int moe_tc_fused_grid(MoeFormat format);
+// The default choice between the fused grid and two grids for a call of `tokens` tokens (measured;
+// the definition says where).
+bool moe_tc_fused_auto(MoeFormat format, int64_t tokens);
 // Enqueues prep (x -> 16-bit), gate/up (-> 16-bit h) and down (-> y). Precondition: the constraint
 // above holds and `format` is the table's.
 void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream);

@@ -484,7 +484,7 @@ void set_moe_tc_k_split(ops::Backend& gpu, bool split) {
   backend->moe_state().tc_k_split = split;
 }
 
-void set_moe_tc_fused(ops::Backend& gpu, bool fused) {
+void set_moe_tc_fused(ops::Backend& gpu, std::optional<bool> fused) {
   auto* backend = dynamic_cast<GpuBackend*>(&gpu);
   MLA_CHECK(backend != nullptr, "set_moe_tc_fused: backend '{}' is not the GPU backend", gpu.name());
   backend->moe_state().tc_fused = fused;
@@ -602,8 +602,9 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   const int64_t max_slots = std::min(num_experts, max_pairs);
   unsigned* tc_tickets = use_tc ? moe_->tc_tickets.get_as<unsigned>(*this, size_t(max_slots * (inter / 64) + 2 + max_slots))
                                 : nullptr;
+  // The fused grid's CTA count, asked once per device and format; 0 where no call could use it.
   int fused_ctas = 0;
-  if (use_tc && moe_->tc_fused) {
+  if (use_tc && moe_->tc_fused.value_or(true)) {
     int& grid = moe_->tc_fused_grid[table.format == MoeFormat::FP8 ? 0 : 1];
     if (grid == 0) grid = moe_tc_fused_grid(table.format);
     fused_ctas = grid;
@@ -631,7 +632,7 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
       a.scratch = tc_scratch;
       a.y = y;
       a.k_tickets = moe_->tc_k_split ? tc_tickets : nullptr;
-      a.fused_ctas = fused_ctas;
+      a.fused_ctas = moe_->tc_fused.value_or(moe_tc_fused_auto(table.format, tn)) ? fused_ctas : 0;
       a.prefetch = moe_->tc_prefetch;
       a.queue = tc_tickets + max_slots * (inter / 64);
       moe_tc_launch(table.format, a, stream());

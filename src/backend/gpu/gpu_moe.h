@@ -5,6 +5,8 @@
 // (gpu_decode_tc.h) and the exact fp32 decode kernel otherwise.
 #pragma once
 
+#include <optional>
+
 #include "ops/backend.h"
 
 namespace mla::gpu {
@@ -19,9 +21,9 @@ void set_moe_path(ops::Backend& gpu, MoePath path);
 void set_moe_tc_k_split(ops::Backend& gpu, bool split);
 
 // Test / bench knob: true runs the tensor-core decode as one persistent grid that takes both passes'
-// tiles from a work queue instead of two grids (gate/up, then down; one CTA per tile; the default
-// until the fused grid is measured on the GPU host). Both give the same bits.
-void set_moe_tc_fused(ops::Backend& gpu, bool fused);
+// tiles from a work queue, false as two grids (gate/up, then down; one CTA per tile); unset (the
+// default) lets moe_tc_fused_auto (gpu_decode_tc.h) pick per call. Both give the same bits.
+void set_moe_tc_fused(ops::Backend& gpu, std::optional<bool> fused);
 
 // Test / bench knob: > 0 makes the tensor-core decode hint each weight row into L2 this many 64-byte
 // chunks ahead of its loads (MoeTcArgs::prefetch; default 0). Hints only: the same bits either way.

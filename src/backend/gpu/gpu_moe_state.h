@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/gpu/gpu_device.cuh"
@@ -54,7 +55,7 @@ struct MoeState {
   Scratch tc_tickets;
   MoePath path = MoePath::Auto;
   bool tc_k_split = true;             // set_moe_tc_k_split
-  bool tc_fused = false;              // set_moe_tc_fused (off until measured on the GPU host)
+  std::optional<bool> tc_fused;       // set_moe_tc_fused; unset: moe_tc_fused_auto decides per call
   int tc_prefetch = 0;                // set_moe_tc_prefetch (chunks; 0: none)
   int tc_device = -1;                 // 1: the mma.sync decode path runs on this device, 0: not, -1: unprobed
   int tc_fused_grid[2] = {0, 0};      // moe_tc_fused_grid(FP8 / I4_BF16) of this device; 0: not yet asked
