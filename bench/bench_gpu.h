@@ -137,8 +137,8 @@ struct BenchOptions {
   int e2e_profile_steps = 0;               // e2e: decode steps run inside profiler_range after the timing
   bool profile_calls = false;              // moe, gemm: each case once more inside profiler_range
   // moe: decode path variants timed in turn on each case (same process, same inputs), e.g.
-  // "fused,2grid,fused,2grid"; each is "auto", "fused" or "2grid", optionally "+pfN" (L2 prefetch N
-  // chunks ahead) and "+nosplit" (no gate/up K split). Empty: the backend's default only.
+  // "fused,2grid,fused,2grid"; each is "auto", "fused" or "2grid", optionally "+nosplit" (no gate/up
+  // K split). Empty: the backend's default only.
   std::vector<std::string> moe_variants;
 };
 void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o);

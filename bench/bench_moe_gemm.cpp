@@ -30,13 +30,12 @@ namespace mla::bench {
 // Batch 1 FP8: 8 experts = 354 MB -> ~82 us at 4.3 TB/s. Each call's routing is one of 32
 // pre-drawn random sets, so consecutive calls read different experts (no L2 reuse beyond chance).
 namespace {
-// One --moe-variants entry: "auto" | "fused" | "2grid", then any of "+pfN", "+nosplit". "" = the
-// backend's defaults, untagged (auto: moe_tc_fused_auto picks the grid per call).
+// One --moe-variants entry: "auto" | "fused" | "2grid", optionally "+nosplit". "" = the backend's
+// defaults, untagged (auto: moe_tc_fused_auto picks the grid per call).
 struct MoeVariant {
   std::string name;
   bool is_default = true, k_split = true;
   std::optional<bool> fused;
-  int prefetch = 0;
 };
 MoeVariant parse_moe_variant(const std::string& spec) {
   MoeVariant v;
@@ -53,11 +52,8 @@ MoeVariant parse_moe_variant(const std::string& spec) {
       path_given = true;
     } else if (part == "nosplit") {
       v.k_split = false;
-    } else if (part.size() > 2 && part.compare(0, 2, "pf") == 0 &&
-               part.find_first_not_of("0123456789", 2) == std::string::npos) {
-      v.prefetch = std::stoi(part.substr(2));
     } else {
-      MLA_CHECK(false, "--moe-variants: '{}' in '{}' is not auto, fused, 2grid, pfN or nosplit", part, spec);
+      MLA_CHECK(false, "--moe-variants: '{}' in '{}' is not auto, fused, 2grid or nosplit", part, spec);
     }
     at = plus + 1;
   }
@@ -120,7 +116,6 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       for (const MoeVariant& v : variants) {
         if (!v.is_default) {
           gpu::set_moe_tc_fused(*be, v.fused);
-          gpu::set_moe_tc_prefetch(*be, v.prefetch);
           gpu::set_moe_tc_k_split(*be, v.k_split);
         }
         TimingPlan plan;
@@ -152,7 +147,6 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       }
       const MoeVariant def = parse_moe_variant("");  // the backend's defaults again
       gpu::set_moe_tc_fused(*be, def.fused);
-      gpu::set_moe_tc_prefetch(*be, def.prefetch);
       gpu::set_moe_tc_k_split(*be, def.k_split);
     }
   }

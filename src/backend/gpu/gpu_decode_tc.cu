@@ -122,7 +122,6 @@ struct TcOut {
   int64_t y_stride;
   float* k_part;        // gate/up K split: [tiles][2 halves][kMats * 4][kThreads] partial sums
   unsigned* k_tickets;  // gate/up K split: [tiles] counters, zero between calls (left zero)
-  int prefetch;         // > 0: L2-prefetch each row's weights this many chunks ahead of its loads (even)
 };
 
 using namespace decode_tc;  // act_pos_i4, pow2_scale, f16_bits, word_of, fp8x2_to_f16x2, int4x2_magic_bf16x2
@@ -471,7 +470,7 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 // the CTA's first item, which waits for the previous grid (pdl_wait) once its first weight burst is
 // issued.
 // The structs come by value: a reference to a kernel parameter can make ptxas copy it to the stack.
-template <MoeFormat F, bool kGateUp, bool kPf>
+template <MoeFormat F, bool kGateUp>
 __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct act,
                                             int top_k, int64_t k_dim, TcOut out, int window, int stage_cols, int slot,
                                             int tile_y, int z, int kz, int tiles_per_slot, bool first, TcDeps deps) {
@@ -519,46 +518,11 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
     if constexpr (kFp8) fp8_scale[m] = static_cast<const float*>(w.scale) + (row0 / 128) * w.scale_stride;
   }
 
-  // K halves (gate/up): chunks [0, c_mid) and [c_mid, c_end) are summed apart and added at the end,
-  // by this CTA or, with a K split (gridDim.z == 2: CTA z takes half z), by the tile's last CTA: the
-  // same sums either way, so a token's outputs do not depend on the split (nor on the batch).
-  const int64_t c_mid = kGateUp ? k_half(c_end, kU) : c_end;
-  const int64_t c_lo = kz == 2 && z == 1 ? c_mid : 0, c_hi = kz == 2 && z == 0 ? c_mid : c_end;
-
   uint4 a[kU][kMats][2];
   [[maybe_unused]] uint32_t sbits[kU][kMats][2];  // INT4: bf16 scales of the lane's 2 output groups (low: first)
   // Issues the weight loads of chunks c0 + u below `lim` into slots u in [lo, hi) (constants after
   // unrolling), all before any is consumed.
-  // L2 prefetch (out.prefetch > 0, even): hints for chunks [ca, cb) of the warp's rows, clipped to
-  // the CTA's K range. A chunk is 64 bytes of a row (64 FP8 bytes or 128 INT4 nibbles), so a 128-byte
-  // line holds chunks (2 j, 2 j + 1). Lane l hints row l % 16 of matrix l / 16 (gate/up: 32 rows for
-  // 32 lanes) or, for down (16 rows), that row's even (l < 16) or odd lines; its own pointers, so no
-  // per-row address arithmetic on the hot path. INT4: each lane also hints its row's scale lines
-  // (16 chunks each) of ca and cb - 1: consecutive ranges step by at most one line, so none is
-  // skipped. No register results: the hints keep more of the weight stream in flight than the
-  // burst registers hold.
-  [[maybe_unused]] const char* pf_data = nullptr;
-  [[maybe_unused]] const uint16_t* pf_scale = nullptr;
-  constexpr int kPfLanesPerRow = 2 / kMats;  // lanes that share a row's lines
-  const int pf_part = kMats == 1 ? lane / 16 : 0;
-  if constexpr (kPf) {
-    const DeviceWeight& w = kMats == 1 || lane < 16 ? *wsel[0] : *wsel[kMats - 1];
-    const int64_t r = row0 + lane % 16;
-    pf_data = static_cast<const char*>(w.data) + r * w.data_stride * kRowUnit;
-    if constexpr (!kFp8) pf_scale = static_cast<const uint16_t*>(w.scale) + r * w.scale_stride;
-  }
-  auto prefetch_chunks = [&](int64_t ca, int64_t cb) {
-    cb = min(cb, c_hi);
-    for (int64_t c = ca + 2 * pf_part; c < cb; c += 2 * kPfLanesPerRow) mma::prefetch_l2(pf_data + 64 * c);
-    if constexpr (!kFp8) {
-      if (ca < cb) {
-        mma::prefetch_l2(pf_scale + 4 * ca);
-        mma::prefetch_l2(pf_scale + 4 * (cb - 1));
-      }
-    }
-  };
   auto issue_slots = [&](int64_t c0, int64_t lim, int lo, int hi) {
-    if constexpr (kPf) prefetch_chunks(c0 + lo + out.prefetch, c0 + hi + out.prefetch);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       if (u < lo || u >= hi) continue;
@@ -575,8 +539,12 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   };
   auto issue = [&](int64_t c0, int64_t lim) { issue_slots(c0, lim, 0, kU); };
   // The weights are constant and the plan was complete before the prep kernel started.
+  // K halves (gate/up): chunks [0, c_mid) and [c_mid, c_end) are summed apart and added at the end,
+  // by this CTA or, with a K split (gridDim.z == 2: CTA z takes half z), by the tile's last CTA: the
+  // same sums either way, so a token's outputs do not depend on the split (nor on the batch).
+  const int64_t c_mid = kGateUp ? k_half(c_end, kU) : c_end;
+  const int64_t c_lo = kz == 2 && z == 1 ? c_mid : 0, c_hi = kz == 2 && z == 0 ? c_mid : c_end;
   issue(c_lo, min(c_lo < c_mid ? min(c_mid, c_hi) : c_hi, c_lo + int64_t(window)));
-  if constexpr (kPf) prefetch_chunks(c_lo + kU, c_lo + out.prefetch);  // the chunks between (if any)
   if (first) {
     pdl_wait();
     pdl_trigger();  // the next grid (down after gate/up, or the combine) may start issuing its own loads
@@ -730,7 +698,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
 
 // The two-grid path: gate/up then down, one CTA per item. Grid (expert slots, rows / 64, K halves):
 // slots past the active count exit at once.
-template <MoeFormat F, bool kGateUp, bool kPf>
+template <MoeFormat F, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
                                                              TcAct act, int top_k, int64_t k_dim, TcOut out,
                                                              int window, int stage_cols) {
@@ -738,7 +706,7 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert*
     pdl_wait();  // every CTA waits: this grid's end implies its predecessor's
     return;
   }
-  moe_tc_tile<F, kGateUp, kPf>(table, plan, act, top_k, k_dim, out, window, stage_cols, int(blockIdx.x), int(blockIdx.y),
+  moe_tc_tile<F, kGateUp>(table, plan, act, top_k, k_dim, out, window, stage_cols, int(blockIdx.x), int(blockIdx.y),
                           kGateUp ? int(blockIdx.z) : 0, kGateUp ? int(gridDim.z) : 1, int(gridDim.y), true, TcDeps{});
 }
 
@@ -760,7 +728,7 @@ struct TcQueue {
 // computes exactly what the two-grid path's CTA computes (the same K halves, fold and order), so the
 // two paths give the same bits. A CTA takes its next ticket when it starts an item (the atomic's
 // round trip hides behind the item); the last CTA out zeroes the queue for the next call.
-template <MoeFormat F, bool kPf>
+template <MoeFormat F>
 __global__ void __launch_bounds__(kThreads, 3) moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
                                                                    TcAct x_act, TcAct h_act, int top_k, int64_t hidden,
                                                                    int64_t inter, TcOut o1, TcOut o2, int w1, int w2,
@@ -781,14 +749,14 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_fused_kernel(const DeviceE
       const int slot = int(item / gu_per_slot), r = int(item % gu_per_slot);
       TcDeps d;
       d.h_written = q.done + slot;
-      moe_tc_tile<F, true, kPf>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, r % kz, kz, int(ic),
+      moe_tc_tile<F, true>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, r % kz, kz, int(ic),
                            first, d);
     } else {
       const int slot = int((item - n_gu) / hc), y = int((item - n_gu) % hc);
       TcDeps d;
       d.h_ready = q.done + slot;
       d.h_tiles = ic;
-      moe_tc_tile<F, false, kPf>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y, 0, 1, int(hc), first, d);
+      moe_tc_tile<F, false>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y, 0, 1, int(hc), first, d);
     }
     first = false;
     if (tid == 0) s_item = next;  // every thread read s_item before the tile's barriers
@@ -862,21 +830,18 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   o1.h_stride = a.inter;
   o1.h_aux = h_aux;
   o1.h_aux_stride = h_aux_stride;
-  o1.prefetch = (a.prefetch + 1) / 2 * 2;  // whole lines (2 chunks)
   TcOut o2{};
   o2.y = a.y;
   o2.y_stride = a.hidden;
-  o2.prefetch = o1.prefetch;
   const TcAct x_act{x16, a.hidden, x_aux, x_aux_stride}, h_act{h16, a.inter, h_aux, h_aux_stride};
   const int64_t gu_tiles = int64_t(a.slots) * ic;  // at most; the active experts' tiles on the device
   const bool one_pass = a.k_tickets != nullptr && a.tokens <= split_max_tokens(F);
-  const bool pf = o1.prefetch > 0;  // the hinting kernels are separate instances: no cost when off
 
   if (a.fused_ctas > 0) {
     // K split where the gate/up tiles are fewer than two per CTA (DeepSeek-V3 batch 1 and 2).
     const bool ksplit = one_pass && gu_tiles <= kKSplitMaxTilesFused && gu_tiles < 2 * int64_t(a.fused_ctas);
     const TcQueue q{a.queue, a.queue + 1, a.queue + 2, a.slots};
-    mma::launch_maybe_pdl(pf ? moe_tc_fused_kernel<F, true> : moe_tc_fused_kernel<F, false>, dim3(unsigned(a.fused_ctas)), dim3(kThreads),
+    mma::launch_maybe_pdl(moe_tc_fused_kernel<F>, dim3(unsigned(a.fused_ctas)), dim3(kThreads),
                           std::max(moe_stage(F, w1, cols).bytes, moe_stage(F, w2, cols).bytes), true, stream, a.table,
                           a.plan, x_act, h_act, a.top_k, a.hidden, a.inter, o1, o2, w1, w2, cols, ksplit ? 2 : 1, q);
     return;
@@ -884,10 +849,10 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   // Two grids. K split of the INT4 gate/up pass (kKSplitMaxTiles): one pass per expert (an expert
   // has at most `tokens` pairs) and a small grid.
   const bool ksplit = !kFp8 && one_pass && gu_tiles <= kKSplitMaxTiles;
-  mma::launch_maybe_pdl(pf ? moe_tc_kernel<F, true, true> : moe_tc_kernel<F, true, false>, dim3(unsigned(a.slots), unsigned(ic), ksplit ? 2u : 1u), dim3(kThreads),
+  mma::launch_maybe_pdl(moe_tc_kernel<F, true>, dim3(unsigned(a.slots), unsigned(ic), ksplit ? 2u : 1u), dim3(kThreads),
                         moe_stage(F, w1, cols).bytes, true, stream, a.table, a.plan, x_act, a.top_k, a.hidden, o1, w1,
                         cols);
-  mma::launch_maybe_pdl(pf ? moe_tc_kernel<F, false, true> : moe_tc_kernel<F, false, false>, dim3(unsigned(a.slots), unsigned(hc)), dim3(kThreads),
+  mma::launch_maybe_pdl(moe_tc_kernel<F, false>, dim3(unsigned(a.slots), unsigned(hc)), dim3(kThreads),
                         moe_stage(F, w2, cols).bytes, true, stream, a.table, a.plan, h_act, a.top_k, a.inter, o2, w2,
                         cols);
 }
@@ -898,7 +863,7 @@ template <MoeFormat F> int fused_grid() {
   int dev = 0, sms = 0, per_sm = 0;
   MLA_GPU_CHECK(cudaGetDevice(&dev));
   MLA_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  MLA_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_tc_fused_kernel<F, false>, kThreads,
+  MLA_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_tc_fused_kernel<F>, kThreads,
                                                               kMoeStageBudget));
   return std::max(1, sms * per_sm);
 }
@@ -942,7 +907,9 @@ void moe_tc_launch(MoeFormat, const MoeTcArgs&, Stream) {
 //   INT4 32.8 / 45.2 / 50.9 / 64.9%  against  43.3 / 59.2 / 66.3 / 72.2%
 // The fused grid wins FP8 from batch 2 (one queue fills the gate/up tail with down items) and loses
 // FP8 batch 1 (it splits that gate/up pass over K, which measured slower for FP8 in two grids too)
-// and every INT4 batch (its 168-register cap spills 228 B of the two bodies' live state).
+// and every INT4 batch (its 168-register cap spills 228 B of the two bodies' live state). On an H100
+// (same day, `--moe-variants`, copy 3025 GB/s) this rule read FP8 79.4 / 89.4 / 96.4 / 96.3%
+// against two grids' 79.2 / 83.6 / 93.0 / 94.0%; the fused grid unsplit at FP8 batch 1, 78.5%.
 bool moe_tc_fused_auto(MoeFormat format, int64_t tokens) { return format == MoeFormat::FP8 && tokens >= 2; }
 
 }  // namespace mla::gpu

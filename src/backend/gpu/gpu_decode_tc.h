@@ -39,9 +39,6 @@ struct MoeTcArgs {
   // from a work queue; 0: two grids. Both give the same bits.
   int fused_ctas = 0;
   unsigned* queue = nullptr;  // fused: [2 + slots] counters, zero between calls (the kernel leaves them zero)
-  // > 0: each warp hints its rows' weights into L2 this many 64-byte chunks ahead of its loads
-  // (rounded up to even: whole 128-byte lines). Hints only: the same bits either way.
-  int prefetch = 0;
 };
 
 bool moe_tc_shape_ok(MoeFormat format, int64_t hidden, int64_t inter);

@@ -490,12 +490,6 @@ void set_moe_tc_fused(ops::Backend& gpu, std::optional<bool> fused) {
   backend->moe_state().tc_fused = fused;
 }
 
-void set_moe_tc_prefetch(ops::Backend& gpu, int chunks) {
-  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
-  MLA_CHECK(backend != nullptr, "set_moe_tc_prefetch: backend '{}' is not the GPU backend", gpu.name());
-  MLA_CHECK(chunks >= 0, "set_moe_tc_prefetch: {} chunks", chunks);
-  backend->moe_state().tc_prefetch = chunks;
-}
 
 void GpuBackend::moe_route(const TensorView& router_logits, const TensorView& bias, const ops::MoeRouting& routing,
                            const TensorView& topk_ids, const TensorView& topk_weights) {
@@ -633,7 +627,6 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
       a.y = y;
       a.k_tickets = moe_->tc_k_split ? tc_tickets : nullptr;
       a.fused_ctas = moe_->tc_fused.value_or(moe_tc_fused_auto(table.format, tn)) ? fused_ctas : 0;
-      a.prefetch = moe_->tc_prefetch;
       a.queue = tc_tickets + max_slots * (inter / 64);
       moe_tc_launch(table.format, a, stream());
     } else if (inter > 0 && pairs > 0) {

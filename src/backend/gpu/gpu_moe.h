@@ -25,8 +25,4 @@ void set_moe_tc_k_split(ops::Backend& gpu, bool split);
 // default) lets moe_tc_fused_auto (gpu_decode_tc.h) pick per call. Both give the same bits.
 void set_moe_tc_fused(ops::Backend& gpu, std::optional<bool> fused);
 
-// Test / bench knob: > 0 makes the tensor-core decode hint each weight row into L2 this many 64-byte
-// chunks ahead of its loads (MoeTcArgs::prefetch; default 0). Hints only: the same bits either way.
-void set_moe_tc_prefetch(ops::Backend& gpu, int chunks);
-
 }  // namespace mla::gpu

@@ -56,7 +56,6 @@ struct MoeState {
   MoePath path = MoePath::Auto;
   bool tc_k_split = true;             // set_moe_tc_k_split
   std::optional<bool> tc_fused;       // set_moe_tc_fused; unset: moe_tc_fused_auto decides per call
-  int tc_prefetch = 0;                // set_moe_tc_prefetch (chunks; 0: none)
   int tc_device = -1;                 // 1: the mma.sync decode path runs on this device, 0: not, -1: unprobed
   int tc_fused_grid[2] = {0, 0};      // moe_tc_fused_grid(FP8 / I4_BF16) of this device; 0: not yet asked
   // One table per MoE layer's expert span, found by (data, size): a few dozen entries, linear search
