@@ -30,18 +30,18 @@ namespace mla::bench {
 // Batch 1 FP8: 8 experts = 354 MB -> ~82 us at 4.3 TB/s. Each call's routing is one of 32
 // pre-drawn random sets, so consecutive calls read different experts (no L2 reuse beyond chance).
 namespace {
-// One --moe-variants entry: "auto" | "fused" | "2grid", optionally "+nosplit". "" = the backend's
-// defaults, untagged (auto: moe_tc_fused_auto picks the grid per call).
+// One --moe-variants entry: "auto" | "fused" | "2grid", optionally "+nosplit". A default-constructed
+// one (empty name, untagged rows) is the backend's defaults (fused unset: moe_tc_fused_auto picks
+// the grid per call).
 struct MoeVariant {
   std::string name;
-  bool is_default = true, k_split = true;
+  bool k_split = true;
   std::optional<bool> fused;
 };
 MoeVariant parse_moe_variant(const std::string& spec) {
   MoeVariant v;
   v.name = spec;
   if (spec.empty()) return v;
-  v.is_default = false;
   size_t at = 0;
   bool path_given = false;
   while (at <= spec.size()) {
@@ -66,7 +66,7 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   const int num_experts = o.quick ? 32 : 256, hidden = 7168, inter = 2048, top_k = 8, sets = 32;
   std::vector<MoeVariant> variants;
   for (const std::string& spec : o.moe_variants) variants.push_back(parse_moe_variant(spec));
-  if (variants.empty()) variants.push_back(parse_moe_variant(""));
+  if (variants.empty()) variants.emplace_back();
   for (const BenchWeight kind : {BenchWeight::FP8, BenchWeight::INT4}) {
     auto be = make_bench_backend(true);
     const gpu::Stream s = backend_stream(*be);
@@ -114,10 +114,8 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       be->synchronize();
       // --moe-variants: each in turn (e.g. A B A B); else the backend's default.
       for (const MoeVariant& v : variants) {
-        if (!v.is_default) {
-          gpu::set_moe_tc_fused(*be, v.fused);
-          gpu::set_moe_tc_k_split(*be, v.k_split);
-        }
+        gpu::set_moe_tc_fused(*be, v.fused);
+        gpu::set_moe_tc_k_split(*be, v.k_split);
         TimingPlan plan;
         plan.max_reps = o.quick ? 20 : 200;
         plan.budget_ms = o.quick ? 100 : 1000;
@@ -137,15 +135,15 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
           gbps.push_back(unique[(size_t(plan.warmup) + i) % sets] * expert_bytes / (t.per_rep_ms[i] * 1e-3) / 1e9);
         std::sort(gbps.begin(), gbps.end());
         const double mean_unique = std::accumulate(unique.begin(), unique.end(), 0.0) / sets;
-        const std::string tag = v.is_default ? "" : fmt::format(" [{}]", v.name);
+        const std::string tag = v.name.empty() ? "" : fmt::format(" [{}]", v.name);
         report.add({"moe_decode",
                     fmt::format("{} experts {} top-{}, batch {}, {}{}", num_experts, bench_weight_name(kind), top_k,
                                 batch, "7168x2048", tag),
                     t.median_ms, gbps[gbps.size() / 2], "GB/s", c.copy_gbps, "copy BW", 0.7,
                     fmt::format("{:.1f} unique experts/call avg, {:.1f} MB each", mean_unique, expert_bytes / 1e6),
-                    fmt::format("{} b{}{}{}", bench_weight_name(kind), batch, v.is_default ? "" : " ", v.name)});
+                    fmt::format("{} b{}{}{}", bench_weight_name(kind), batch, v.name.empty() ? "" : " ", v.name)});
       }
-      const MoeVariant def = parse_moe_variant("");  // the backend's defaults again
+      const MoeVariant def;  // the backend's defaults again
       gpu::set_moe_tc_fused(*be, def.fused);
       gpu::set_moe_tc_k_split(*be, def.k_split);
     }
