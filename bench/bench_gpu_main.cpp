@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
                "alternating (same process, same inputs); the same as --moe-variants fused,2grid,fused,2grid");
   app.add_option("--moe-variants", o.moe_variants,
                  "moe: comma-separated decode variants timed in turn on each case: auto | fused | 2grid, optionally "
-                 "+nosplit (no gate/up K split)")
+                 "+nosplit (no gate/up K split) and +noring (INT4 weights through register bursts, not the rings)")
       ->delimiter(',');
   app.add_option("--decode-contexts", o.decode_contexts,
                  "mla-decode: contexts besides 4096 for the 16-head batch-64 row (how the op's fixed costs "

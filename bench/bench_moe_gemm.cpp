@@ -30,12 +30,13 @@ namespace mla::bench {
 // Batch 1 FP8: 8 experts = 354 MB -> ~82 us at 4.3 TB/s. Each call's routing is one of 32
 // pre-drawn random sets, so consecutive calls read different experts (no L2 reuse beyond chance).
 namespace {
-// One --moe-variants entry: "auto" | "fused" | "2grid", optionally "+nosplit". A default-constructed
-// one (empty name, untagged rows) is the backend's defaults (fused unset: moe_tc_fused_auto picks
-// the grid per call).
+// One --moe-variants entry: "auto" | "fused" | "2grid", optionally "+nosplit" (no gate/up K split)
+// and "+noring" (INT4 weights through register bursts, not the shared-memory rings). A
+// default-constructed one (empty name, untagged rows) is the backend's defaults (fused unset:
+// moe_tc_fused_auto picks the grid per call).
 struct MoeVariant {
   std::string name;
-  bool k_split = true;
+  bool k_split = true, ring = true;
   std::optional<bool> fused;
 };
 MoeVariant parse_moe_variant(const std::string& spec) {
@@ -52,8 +53,10 @@ MoeVariant parse_moe_variant(const std::string& spec) {
       path_given = true;
     } else if (part == "nosplit") {
       v.k_split = false;
+    } else if (part == "noring") {
+      v.ring = false;
     } else {
-      MLA_CHECK(false, "--moe-variants: '{}' in '{}' is not auto, fused, 2grid or nosplit", part, spec);
+      MLA_CHECK(false, "--moe-variants: '{}' in '{}' is not auto, fused, 2grid, nosplit or noring", part, spec);
     }
     at = plus + 1;
   }
@@ -116,6 +119,7 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       for (const MoeVariant& v : variants) {
         gpu::set_moe_tc_fused(*be, v.fused);
         gpu::set_moe_tc_k_split(*be, v.k_split);
+        gpu::set_moe_tc_ring(*be, v.ring);
         TimingPlan plan;
         plan.max_reps = o.quick ? 20 : 200;
         plan.budget_ms = o.quick ? 100 : 1000;
@@ -146,6 +150,7 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       const MoeVariant def;  // the backend's defaults again
       gpu::set_moe_tc_fused(*be, def.fused);
       gpu::set_moe_tc_k_split(*be, def.k_split);
+      gpu::set_moe_tc_ring(*be, def.ring);
     }
   }
   report.print("moe_decode");

@@ -438,10 +438,66 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16FusedBitIdentical) {
   }
 }
 
+// The INT4 weight rings (per-warp shared-memory stages filled by the copy engine) read the same
+// fragments in the same chunk order as the register bursts, so both must give the same bits, in
+// the two grids and in the fused grid: one 64-row tile and one stage per K half (256 x 256), K split
+// or not (T <= 2), several passes of columns per expert (T = 16 on 3 experts, top-2), a shape whose
+// down pass is longer than its gate/up pass (256 x 768), the DeepSeek-V3 shape at batch 1 / 2 / 8,
+// and each ring call twice (the barriers' phases restart with every launch). The test checks that
+// the ring path ran (the test GPU is sm_90), and the ring result against the CPU.
+TEST(GpuParityMoe, TensorCoreDecodeBf16RingBitIdentical) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  struct Case {
+    int64_t hidden, inter, experts;
+    int top_k;
+    std::vector<int64_t> tokens;
+  };
+  const Case cases[] = {{256, 256, 12, 4, {1, 2, 5}},
+                        {1280, 512, 3, 2, {16}},
+                        {256, 768, 12, 4, {3}},
+                        {7168, 2048, 12, 8, {1, 2, 8}}};
+  std::mt19937 rng(7800);
+  for (const Case& c : cases) {
+    const auto set = make_experts(rng, WeightKind::INT4_BF16, c.experts, c.hidden, c.inter, 4);
+    for (const int64_t tokens : c.tokens) {
+      const Twin x = twin_random(rng, DType::F32, {tokens, c.hidden});
+      const Twin ids = random_ids(rng, tokens, c.experts, c.top_k);
+      const Twin weights = twin_random(rng, DType::F32, {tokens, c.top_k}, 0.05f, 1.0f);
+      auto run = [&](bool ring, bool fused) {
+        const Twin out = twin_output(DType::F32, {tokens, c.hidden});
+        gpu::set_moe_tc_ring(*be, ring);
+        gpu::set_moe_tc_fused(*be, fused);
+        be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);
+        be->synchronize();
+        EXPECT_EQ(gpu::moe_tc_last_ring(*be), ring) << "the ring path did not run as asked";
+        gpu::set_moe_tc_ring(*be, true);  // the backend's defaults
+        gpu::set_moe_tc_fused(*be, std::nullopt);
+        return out;
+      };
+      const std::vector<float> want = gpu_values(run(false, false));
+      const std::string name =
+          fmt::format("INT4 T{} H{} I{} E{} k{}", tokens, c.hidden, c.inter, c.experts, c.top_k);
+      for (const bool fused : {false, true})
+        for (int rep = 0; rep < 2; ++rep) {
+          const Twin ringed = run(true, fused);
+          const std::vector<float> got = gpu_values(ringed);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+              << name << ": rings (" << (fused ? "fused grid" : "two grids") << ", call " << rep
+              << ") and register bursts differ";
+          if (rep == 0 && !fused) {
+            cpu_backend().moe_experts(x.cpu, ids.cpu, weights.cpu, set->cpu, ringed.cpu);
+            EXPECT_TRUE(check_parity("moe_experts", name + " [bf16 tc, rings]", ringed, tc_tol(WeightKind::INT4_BF16)));
+          }
+        }
+    }
+  }
+}
+
 // Decode steps are graph-captured: the tensor-core path's launches depend on shapes only, so a
 // replay after new routing ids (same buffers, fresh values) computes the new step. The output is
 // re-poisoned before each replay so that only the replay can pass. Both the two grids and the fused
-// grid (whose queue counters each replay must find zero and leave zero).
+// grid (whose queue counters each replay must find zero and leave zero); INT4 runs the weight rings.
 TEST(GpuParityMoe, TensorCoreDecodeBf16GraphReplay) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
@@ -449,7 +505,7 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16GraphReplay) {
   for (const bool fused : {false, true}) {
     for (WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
       gpu::set_moe_tc_fused(*be, fused);
-      const int64_t tokens = 5, hidden = 256, inter = 128, num_experts = 16;
+      const int64_t tokens = 5, hidden = 256, inter = 256, num_experts = 16;  // INT4: the rings
       const int top_k = 4;
       const auto set = make_experts(rng, kind, num_experts, hidden, inter, 4);
       const Twin x = twin_random(rng, DType::F32, {tokens, hidden});
@@ -459,6 +515,7 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16GraphReplay) {
       const Twin poison = twin_output(DType::F32, {tokens, hidden});
       be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);  // eager: builds the table, grows scratch
       be->synchronize();
+      EXPECT_EQ(gpu::moe_tc_last_ring(*be), kind == WeightKind::INT4_BF16);
       std::unique_ptr<ops::OpGraph> graph =
           be->capture([&] { be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu); });
       for (int step = 0; step < 3; ++step) {
@@ -473,7 +530,7 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16GraphReplay) {
         std::string name = weight_kind_name(kind);
         name += " graph replay step ";
         name += std::to_string(step);
-        name += fused ? " T5 H256 I128 E16 k4 [bf16 tc, fused grid]" : " T5 H256 I128 E16 k4 [bf16 tc]";
+        name += fused ? " T5 H256 I256 E16 k4 [bf16 tc, fused grid]" : " T5 H256 I256 E16 k4 [bf16 tc]";
         EXPECT_TRUE(check_parity("moe_experts", name, out, tc_tol(kind)));
       }
       gpu::set_moe_tc_fused(*be, std::nullopt);  // the backend's default

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "backend/gpu/gpu_decode_tc.cuh"
 #include "core/status.h"
@@ -68,6 +69,8 @@ size_t moe_tc_scratch_bytes(MoeFormat format, int64_t tokens, int64_t pairs, int
 }
 
 #if MLA_GPU_CUDA
+#include <cuda.h>  // CUtensorMap (the encoder comes through cudaGetDriverEntryPointByVersion)
+#include <cudaTypedefs.h>
 
 namespace {
 
@@ -450,6 +453,58 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
   }
 }
 
+// ---- per-warp weight ring (sm_90, copy engine) ----------------------------------------------------
+// Why: the register bursts above hold at most 8 KB per warp in flight, and the 168-register cap of 3
+// CTAs per SM is already reached (H200 INT4: 43-66% of copy bandwidth at batch 1-4, where Little's
+// law asks for ~6-8.5 MB in flight, 48-64 KB per SM; performance.md, session 18). Here each warp
+// streams its 16 rows through a ring of shared-memory stages that the copy engine fills, so the
+// bytes in flight cost no registers: 3 of a warp's 4 stages (gate/up) or 7 of 8 (down), 12-16 KB.
+// A stage is 2-D boxes of tensor maps (moe_tc_ring_maps): per matrix, 16 rows x 128 B of weights and
+// 16 rows x 16 B of INT4 scales, completing on the stage's mbarrier. (One 1-D bulk copy per row
+// instead, 64 copies per gate/up stage, read 40-47% of copy bandwidth at every batch on an H100: the
+// copy engine's cost per copy, not the bytes, bounded it.)
+// Each warp owns its ring and refills a stage as soon as it has read it, so no warp ever waits for
+// another (the CTA's barriers stay those of the staging and the outputs). The fragments read from a
+// stage are the same 16-byte pieces the bursts load, consumed in the same chunk order: the sums are
+// bit-identical to the register path.
+// Stage layout (per warp): weights [kMats][16 rows][kRingChunks x 64 B] | INT4 scales [kMats][16
+// rows][16 B] (chunk j's 4 group scales at 8 j). A fragment load (8 lanes per 128-byte phase: rows 2q,
+// 2q + 1, pieces t) meets a 2-way bank conflict (rows 128 B apart): shared-memory bandwidth is not
+// what bounds this kernel, and padding the rows would cost a third of the ring.
+constexpr int kRingChunks = 2;          // chunks per stage: INT4 scale boxes 2 x 8 B = 16 B wide, the least a box takes
+constexpr int kRingRowBytes = kRingChunks * 64;  // a row's bytes per stage (a chunk is 64 B of a row in both formats)
+constexpr int kRingWarpBytes = 18 * 1024;        // per warp: 72 KB per CTA, 2 CTAs per SM with the staging
+constexpr int kRingMaxStages = 8;
+template <MoeFormat F, int kMats> struct RingGeom {
+  static constexpr int kWBytes = kMats * kTileM * kRingRowBytes;
+  static constexpr int kSBytes = F == MoeFormat::FP8 ? 0 : kMats * kTileM * 16;
+  static constexpr int kStageBytes = kWBytes + kSBytes;
+  static constexpr int kStages =
+      kRingWarpBytes / kStageBytes < kRingMaxStages ? kRingWarpBytes / kStageBytes : kRingMaxStages;
+  static_assert(kStages >= 2 && kStageBytes % 16 == 0 && kMats * kTileM <= 32, "one copy per lane and stage");
+};
+// The ring needs whole stages (every K range the tiles stream starts and ends on a stage); the maps
+// need 16-byte aligned rows (moe_tc_ring_maps checks).
+constexpr int64_t ring_k_multiple(MoeFormat f) { return kRingChunks * chunk_k(f); }
+
+struct WarpRing {
+  const unsigned char* buf = nullptr;  // this warp's kRingWarpBytes (generic: the fragment loads)
+  uint32_t buf_s = 0, bars = 0;        // shared addresses: the ring, the mbarrier of slot 0 (slots 8 B apart)
+  uint32_t phase = 0;                  // bit s: parity of slot s's next phase (uniform per warp)
+};
+// Called once per CTA by every thread, before any copy; `bars` has kWarps x kRingMaxStages entries.
+__device__ __forceinline__ WarpRing ring_init(unsigned char* ring_smem, uint64_t* bars) {
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  WarpRing r;
+  r.buf = ring_smem + warp * kRingWarpBytes;
+  r.buf_s = mma::smem_addr(r.buf);
+  r.bars = mma::smem_addr(bars + warp * kRingMaxStages);
+  if (lane < kRingMaxStages) mma::mbar_init(r.bars + 8 * uint32_t(lane), 1);  // lane 0's arrive.expect_tx
+  mma::mbar_init_fence();
+  __syncwarp();
+  return r;
+}
+
 // Fused grid only: the expert-slot counters that order a slot's down tiles after its gate/up tiles.
 struct TcDeps {
   const unsigned* h_ready = nullptr;  // down: wait until *h_ready >= h_tiles before reading h
@@ -470,10 +525,13 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 // the CTA's first item, which waits for the previous grid (pdl_wait) once its first weight burst is
 // issued.
 // The structs come by value: a reference to a kernel parameter can make ptxas copy it to the stack.
-template <MoeFormat F, bool kGateUp>
+// kRing: the weights stream through the warp's ring (WarpRing, ring_k_multiple), else through
+// register bursts.
+template <MoeFormat F, bool kGateUp, bool kRing>
 __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct act,
                                             int top_k, int64_t k_dim, TcOut out, int window, int stage_cols, int slot,
-                                            int tile_y, int z, int kz, int tiles_per_slot, bool first, TcDeps deps) {
+                                            int tile_y, int z, int kz, int tiles_per_slot, bool first, TcDeps deps,
+                                            const MoeRingMap* __restrict__ ring_maps, WarpRing& ring) {
   constexpr bool kFp8 = F == MoeFormat::FP8;
   constexpr int kMats = kGateUp ? 2 : 1;
   constexpr int kU = moe_tc_burst<F, kGateUp>();  // chunks whose weight loads are in flight together
@@ -544,7 +602,49 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   // same sums either way, so a token's outputs do not depend on the split (nor on the batch).
   const int64_t c_mid = kGateUp ? k_half(c_end, kU) : c_end;
   const int64_t c_lo = kz == 2 && z == 1 ? c_mid : 0, c_hi = kz == 2 && z == 0 ? c_mid : c_end;
-  issue(c_lo, min(c_lo < c_mid ? min(c_mid, c_hi) : c_hi, c_lo + int64_t(window)));
+  // Ring: the item's stages (each pass of columns streams [c_lo, c_hi) again, kRingChunks chunks per
+  // stage; the K halves and windows start and end on stages: ring_k_multiple) and the copies of one
+  // stage: lane m < kMats copies the warp's 16 rows of matrix m (one 2-D box of 16 x 128 B), lane
+  // kMats + m their INT4 scales (16 x 16 B).
+  using RG = RingGeom<F, kMats>;
+  [[maybe_unused]] const MoeRingMap* ring_map = nullptr;  // this lane's map (copying lanes)
+  [[maybe_unused]] uint32_t ring_dst = 0;                 // and its box's offset in a stage
+  [[maybe_unused]] int ring_x_per_chunk = 0;              // box x per chunk: 64 B of data or 8 B of scales
+  [[maybe_unused]] uint64_t policy = 0;
+  [[maybe_unused]] int ring_stages = 0, ring_per_pass = 1;
+  if constexpr (kRing) {
+    const int m = lane < kMats ? lane : lane - kMats;
+    const int data_map = kGateUp ? m : 2;
+    if (lane < kMats) {
+      ring_map = ring_maps + int64_t(e) * kMoeRingMapsPerExpert + data_map;
+      ring_dst = uint32_t(m * kTileM * kRingRowBytes);
+      ring_x_per_chunk = 64;
+    } else if (!kFp8 && lane < 2 * kMats) {
+      ring_map = ring_maps + int64_t(e) * kMoeRingMapsPerExpert + 3 + data_map;
+      ring_dst = uint32_t(RG::kWBytes + m * kTileM * 16);
+      ring_x_per_chunk = 8;
+    }
+    policy = mma::l2_evict_first_policy();
+    ring_per_pass = int((c_hi - c_lo) / kRingChunks);
+    ring_stages = ((end - begin + kPass - 1) / kPass) * ring_per_pass;
+  }
+  // Issues stage q of the item into its slot (uniform per warp; nothing past the item's last stage).
+  [[maybe_unused]] auto ring_issue = [&](int q) {
+    if (q >= ring_stages) return;
+    const int st = q % RG::kStages;
+    const int c = int(c_lo) + (q % ring_per_pass) * kRingChunks;
+    const uint32_t bar = ring.bars + 8 * uint32_t(st);
+    mma::mbar_arrive_expect_tx_if(lane == 0, bar, RG::kStageBytes);
+    if (ring_map != nullptr)
+      mma::tensor_copy_2d_g2s(ring.buf_s + uint32_t(st * RG::kStageBytes) + ring_dst, ring_map, c * ring_x_per_chunk,
+                              int(row0), bar, policy);
+  };
+  [[maybe_unused]] int ring_q = 0;  // the item's next stage to consume
+  if constexpr (kRing) {
+    for (int q = 0; q < RG::kStages; ++q) ring_issue(q);
+  } else {
+    issue(c_lo, min(c_lo < c_mid ? min(c_mid, c_hi) : c_hi, c_lo + int64_t(window)));
+  }
   if (first) {
     pdl_wait();
     pdl_trigger();  // the next grid (down after gate/up, or the combine) may start issuing its own loads
@@ -601,32 +701,59 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
         const bool b_live = kFp8 ? g < ncols : ((g & 3) == t && brow < ncols);
         const uint16_t* srow = s_b + brow * sl.row_u16 + t * (kChunkK / 4);
         [[maybe_unused]] const float* s_gsum = s_inv + tok * window * kAux + 2 * (t & 1);
+        // Chunk c from the lane's weight pieces av and INT4 scale pairs sv.
+        auto chunk_at = [&](const uint4 (&av)[kMats][2], const uint32_t (&sv)[kMats][2], const int64_t c) {
+          const int lc = int(c - w0);
+          uint4 b[kBVec];
+#pragma unroll
+          for (int i = 0; i < kBVec; ++i)
+            b[i] = b_live ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+          if constexpr (kFp8) {
+            const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * window + lc] : 0.0f;
+            const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * window + lc] : 0.0f;
+            float sw[kMats];
+#pragma unroll
+            for (int m = 0; m < kMats; ++m) sw[m] = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
+            chunk_fp8<kMats>(av, b, inv0, inv1, sw, acc);
+          } else {
+            // sum(x) of this lane's two groups for token `tok` (0 past the pass's columns).
+            const float2 xs = tok < ncols ? *reinterpret_cast<const float2*>(s_gsum + lc * kAux) : make_float2(0.0f, 0.0f);
+            chunk_i4<kMats, kGateUp>(av, sv, b, xs, acc);  // gate/up: f16 x; down: bf16 h
+          }
+        };
+        if constexpr (kRing) {
+          for (int64_t c0 = w0; c0 < w_end; c0 += kRingChunks) {
+            const int st = ring_q % RG::kStages;
+            mma::mbar_wait(ring.bars + 8 * uint32_t(st), (ring.phase >> st) & 1u);
+            ring.phase ^= 1u << st;
+            const unsigned char* sp = ring.buf + st * RG::kStageBytes;
+#pragma unroll
+            for (int j = 0; j < kRingChunks; ++j) {
+              uint4 av[kMats][2];
+              uint32_t sv[kMats][2];
+#pragma unroll
+              for (int m = 0; m < kMats; ++m)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                  const int row = m * kTileM + g + 8 * h;
+                  av[m][h] = *reinterpret_cast<const uint4*>(sp + row * kRingRowBytes + j * 64 + t * 16);
+                  sv[m][h] = kFp8 ? 0u : *reinterpret_cast<const uint32_t*>(sp + RG::kWBytes + row * 16 + j * 8 + 4 * (t & 1));
+                }
+              chunk_at(av, sv, c0 + j);
+            }
+            __syncwarp();
+            mma::fence_proxy_async();  // this warp's reads of the stage come before the copy engine's writes
+            ring_issue(ring_q + RG::kStages);
+            ++ring_q;
+          }
+        } else {
         for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
           if (!burst_ready) issue(c0, w_end);
           burst_ready = false;
           // Chunk u of the burst; bursts inside the window (all but a window's last) run the chunks
           // branch-free, so one chunk's loads and converts overlap the previous chunk's mma chain
           // (u is a constant after unrolling: a[u] and sbits[u] stay in registers).
-          auto chunk = [&](const int u) {
-            const int64_t c = c0 + u;
-            const int lc = int(c - w0);
-            uint4 b[kBVec];
-#pragma unroll
-            for (int i = 0; i < kBVec; ++i)
-              b[i] = b_live ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
-            if constexpr (kFp8) {
-              const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * window + lc] : 0.0f;
-              const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * window + lc] : 0.0f;
-              float sw[kMats];
-#pragma unroll
-              for (int m = 0; m < kMats; ++m) sw[m] = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
-              chunk_fp8<kMats>(a[u], b, inv0, inv1, sw, acc);
-            } else {
-              // sum(x) of this lane's two groups for token `tok` (0 past the pass's columns).
-              const float2 xs = tok < ncols ? *reinterpret_cast<const float2*>(s_gsum + lc * kAux) : make_float2(0.0f, 0.0f);
-              chunk_i4<kMats, kGateUp>(a[u], sbits[u], b, xs, acc);  // gate/up: f16 x; down: bf16 h
-            }
-          };
+          auto chunk = [&](const int u) { chunk_at(a[u], sbits[u], c0 + u); };
           if constexpr (kPipe) {
             // Two stages of kU / 2 chunks: each refilled with the chunks kU ahead as soon as it is
             // consumed, so the other stage's loads stay in flight during the mma work.
@@ -651,6 +778,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
           }
         }
         if constexpr (kPipe) burst_ready = false;  // the refills past the window were empty
+        }
       }
     }
     if (kz == 2) {
@@ -698,16 +826,23 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
 
 // The two-grid path: gate/up then down, one CTA per item. Grid (expert slots, rows / 64, K halves):
 // slots past the active count exit at once.
-template <MoeFormat F, bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 3) moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
-                                                             TcAct act, int top_k, int64_t k_dim, TcOut out,
-                                                             int window, int stage_cols) {
+// kRing: the weights come through per-warp rings at dynamic shared memory offset ring_off (2 CTAs
+// per SM: the rings' 72 KB each), else through register bursts (3 CTAs per SM at 168 registers).
+template <MoeFormat F, bool kGateUp, bool kRing>
+__global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
+    moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct act, int top_k, int64_t k_dim,
+                  TcOut out, int window, int stage_cols, const MoeRingMap* __restrict__ ring_maps, int ring_off) {
   if (int(blockIdx.x) >= plan.counters[0]) {  // uniform per CTA
     pdl_wait();  // every CTA waits: this grid's end implies its predecessor's
     return;
   }
-  moe_tc_tile<F, kGateUp>(table, plan, act, top_k, k_dim, out, window, stage_cols, int(blockIdx.x), int(blockIdx.y),
-                          kGateUp ? int(blockIdx.z) : 0, kGateUp ? int(gridDim.z) : 1, int(gridDim.y), true, TcDeps{});
+  extern __shared__ __align__(128) unsigned char moe_tc_smem[];
+  __shared__ uint64_t ring_bars[kRing ? kWarps * kRingMaxStages : 1];
+  WarpRing ring;
+  if constexpr (kRing) ring = ring_init(moe_tc_smem + ring_off, ring_bars);
+  moe_tc_tile<F, kGateUp, kRing>(table, plan, act, top_k, k_dim, out, window, stage_cols, int(blockIdx.x),
+                                 int(blockIdx.y), kGateUp ? int(blockIdx.z) : 0, kGateUp ? int(gridDim.z) : 1,
+                                 int(gridDim.y), true, TcDeps{}, ring_maps, ring);
 }
 
 // The fused grid's work queue (MoeTcArgs::queue; every counter zero between calls).
@@ -728,12 +863,16 @@ struct TcQueue {
 // computes exactly what the two-grid path's CTA computes (the same K halves, fold and order), so the
 // two paths give the same bits. A CTA takes its next ticket when it starts an item (the atomic's
 // round trip hides behind the item); the last CTA out zeroes the queue for the next call.
-template <MoeFormat F>
-__global__ void __launch_bounds__(kThreads, 3) moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan,
-                                                                   TcAct x_act, TcAct h_act, int top_k, int64_t hidden,
-                                                                   int64_t inter, TcOut o1, TcOut o2, int w1, int w2,
-                                                                   int stage_cols, int kz, TcQueue q) {
+template <MoeFormat F, bool kRing>
+__global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
+    moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct x_act, TcAct h_act, int top_k,
+                        int64_t hidden, int64_t inter, TcOut o1, TcOut o2, int w1, int w2, int stage_cols, int kz,
+                        TcQueue q, const MoeRingMap* __restrict__ ring_maps, int ring_off) {
   __shared__ unsigned s_item, s_last;
+  extern __shared__ __align__(128) unsigned char moe_tc_smem[];
+  __shared__ uint64_t ring_bars[kRing ? kWarps * kRingMaxStages : 1];
+  WarpRing ring;  // one ring per warp for all the CTA's items (the slots' phases carry over)
+  if constexpr (kRing) ring = ring_init(moe_tc_smem + ring_off, ring_bars);
   const int tid = int(threadIdx.x);
   const unsigned ic = unsigned(inter / kCtaRows), hc = unsigned(hidden / kCtaRows);
   const unsigned active = unsigned(plan.counters[0]);  // complete before the prep kernel started
@@ -749,14 +888,15 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_fused_kernel(const DeviceE
       const int slot = int(item / gu_per_slot), r = int(item % gu_per_slot);
       TcDeps d;
       d.h_written = q.done + slot;
-      moe_tc_tile<F, true>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, r % kz, kz, int(ic),
-                           first, d);
+      moe_tc_tile<F, true, kRing>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, r % kz, kz,
+                                  int(ic), first, d, ring_maps, ring);
     } else {
       const int slot = int((item - n_gu) / hc), y = int((item - n_gu) % hc);
       TcDeps d;
       d.h_ready = q.done + slot;
       d.h_tiles = ic;
-      moe_tc_tile<F, false>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y, 0, 1, int(hc), first, d);
+      moe_tc_tile<F, false, kRing>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y, 0, 1, int(hc), first,
+                                   d, ring_maps, ring);
     }
     first = false;
     if (tid == 0) s_item = next;  // every thread read s_item before the tile's barriers
@@ -787,6 +927,16 @@ __global__ void __launch_bounds__(kThreads, 3) moe_tc_fused_kernel(const DeviceE
 // 46.7-47.4% there against 43.1-43.3% split in two (same calls), but the four-part fold cost the
 // unsplit batch 8 2.7 points (69.5% against 72.2%) and FP8 batch 8 1.7.
 constexpr int64_t kKSplitMaxTiles = 512;
+
+// The ring path's dynamic shared memory: the staging area, then the warps' rings from this offset.
+constexpr int ring_offset(size_t stage_bytes) { return int((stage_bytes + 127) / 128 * 128); }
+constexpr size_t kRingCtaBytes = size_t(kWarps) * kRingWarpBytes;
+static_assert(2 * (kMoeStageBudget + kRingCtaBytes + 2048) <= 228 * 1024, "2 ring CTAs per SM");
+// Past 48 KB of dynamic shared memory a kernel must opt in (per launch size: cheap, and legal while
+// a graph is being captured).
+template <typename Kernel> void opt_in_smem(Kernel kernel, size_t bytes) {
+  MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
 
 template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   constexpr bool kFp8 = F == MoeFormat::FP8;
@@ -837,37 +987,96 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   const int64_t gu_tiles = int64_t(a.slots) * ic;  // at most; the active experts' tiles on the device
   const bool one_pass = a.k_tickets != nullptr && a.tokens <= split_max_tokens(F);
 
-  if (a.fused_ctas > 0) {
-    // K split where the gate/up tiles are fewer than two per CTA (DeepSeek-V3 batch 1 and 2).
-    const bool ksplit = one_pass && gu_tiles <= kKSplitMaxTilesFused && gu_tiles < 2 * int64_t(a.fused_ctas);
-    const TcQueue q{a.queue, a.queue + 1, a.queue + 2, a.slots};
-    mma::launch_maybe_pdl(moe_tc_fused_kernel<F>, dim3(unsigned(a.fused_ctas)), dim3(kThreads),
-                          std::max(moe_stage(F, w1, cols).bytes, moe_stage(F, w2, cols).bytes), true, stream, a.table,
-                          a.plan, x_act, h_act, a.top_k, a.hidden, a.inter, o1, o2, w1, w2, cols, ksplit ? 2 : 1, q);
-    return;
-  }
-  // Two grids. K split of the INT4 gate/up pass (kKSplitMaxTiles): one pass per expert (an expert
-  // has at most `tokens` pairs) and a small grid.
-  const bool ksplit = !kFp8 && one_pass && gu_tiles <= kKSplitMaxTiles;
-  mma::launch_maybe_pdl(moe_tc_kernel<F, true>, dim3(unsigned(a.slots), unsigned(ic), ksplit ? 2u : 1u), dim3(kThreads),
-                        moe_stage(F, w1, cols).bytes, true, stream, a.table, a.plan, x_act, a.top_k, a.hidden, o1, w1,
-                        cols);
-  mma::launch_maybe_pdl(moe_tc_kernel<F, false>, dim3(unsigned(a.slots), unsigned(hc)), dim3(kThreads),
-                        moe_stage(F, w2, cols).bytes, true, stream, a.table, a.plan, h_act, a.top_k, a.inter, o2, w2,
-                        cols);
+  // Dynamic shared memory: the staging area, then (ring) the warps' rings at a 128-aligned offset.
+  auto launch = [&]<bool kRing>() {
+    auto smem_for = [](size_t stage) { return kRing ? size_t(ring_offset(stage)) + kRingCtaBytes : stage; };
+    if (a.fused_ctas > 0) {
+      // K split where the gate/up tiles are fewer than two per CTA (DeepSeek-V3 batch 1 and 2).
+      const bool ksplit = one_pass && gu_tiles <= kKSplitMaxTilesFused && gu_tiles < 2 * int64_t(a.fused_ctas);
+      const TcQueue q{a.queue, a.queue + 1, a.queue + 2, a.slots};
+      const size_t stage = std::max(moe_stage(F, w1, cols).bytes, moe_stage(F, w2, cols).bytes);
+      const auto kernel = moe_tc_fused_kernel<F, kRing>;
+      if constexpr (kRing) opt_in_smem(kernel, smem_for(stage));
+      mma::launch_maybe_pdl(kernel, dim3(unsigned(a.fused_ctas)), dim3(kThreads), smem_for(stage), true, stream,
+                            a.table, a.plan, x_act, h_act, a.top_k, a.hidden, a.inter, o1, o2, w1, w2, cols,
+                            ksplit ? 2 : 1, q, a.ring_maps, ring_offset(stage));
+      return;
+    }
+    // Two grids. K split of the INT4 gate/up pass (kKSplitMaxTiles): one pass per expert (an expert
+    // has at most `tokens` pairs) and a small grid.
+    const bool ksplit = !kFp8 && one_pass && gu_tiles <= kKSplitMaxTiles;
+    const size_t st1 = moe_stage(F, w1, cols).bytes, st2 = moe_stage(F, w2, cols).bytes;
+    const auto k1 = moe_tc_kernel<F, true, kRing>;
+    const auto k2 = moe_tc_kernel<F, false, kRing>;
+    if constexpr (kRing) {
+      opt_in_smem(k1, smem_for(st1));
+      opt_in_smem(k2, smem_for(st2));
+    }
+    mma::launch_maybe_pdl(k1, dim3(unsigned(a.slots), unsigned(ic), ksplit ? 2u : 1u), dim3(kThreads), smem_for(st1),
+                          true, stream, a.table, a.plan, x_act, a.top_k, a.hidden, o1, w1, cols, a.ring_maps,
+                          ring_offset(st1));
+    mma::launch_maybe_pdl(k2, dim3(unsigned(a.slots), unsigned(hc)), dim3(kThreads), smem_for(st2), true, stream,
+                          a.table, a.plan, h_act, a.top_k, a.inter, o2, w2, cols, a.ring_maps, ring_offset(st2));
+  };
+  // The ring path is built for INT4 only (FP8 meets its target on register bursts; an FP8 ring is a
+  // template argument away, not measured).
+  if constexpr (kFp8) launch.template operator()<false>();
+  else if (a.ring_maps != nullptr) launch.template operator()<true>();
+  else launch.template operator()<false>();
 }
 
 // CTAs of the fused grid: as many as the device holds at once (the window logic keeps a CTA's
-// dynamic shared memory within kMoeStageBudget, under the 48 KB that needs no opt-in).
-template <MoeFormat F> int fused_grid() {
+// staging within kMoeStageBudget, under the 48 KB that needs no opt-in; the rings add theirs).
+template <MoeFormat F, bool kRing> int fused_grid() {
   int dev = 0, sms = 0, per_sm = 0;
   MLA_GPU_CHECK(cudaGetDevice(&dev));
   MLA_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  MLA_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_tc_fused_kernel<F>, kThreads,
-                                                              kMoeStageBudget));
+  const size_t smem = kRing ? size_t(ring_offset(kMoeStageBudget)) + kRingCtaBytes : kMoeStageBudget;
+  if constexpr (kRing) opt_in_smem(moe_tc_fused_kernel<F, kRing>, smem);
+  MLA_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_tc_fused_kernel<F, kRing>, kThreads, smem));
   return std::max(1, sms * per_sm);
 }
 }  // namespace
+
+bool moe_tc_ring_maps(const DeviceExpert* host_table, int64_t experts, int64_t hidden, int64_t inter,
+                      MoeRingMap* maps) {
+  static_assert(sizeof(CUtensorMap) == sizeof(MoeRingMap) && alignof(MoeRingMap) >= alignof(CUtensorMap));
+  // The driver's encoder through the runtime (no link against libcuda).
+  static const auto encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return false;
+  // A [rows, row_bytes] byte matrix of pitch `pitch`, read in boxes of 16 rows x box_bytes.
+  auto make = [&](MoeRingMap& out, const void* base, int64_t rows, int64_t row_bytes, int64_t pitch, int box_bytes) {
+    if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || pitch % 16 != 0 || row_bytes % box_bytes != 0) return false;
+    const cuuint64_t dim[2] = {cuuint64_t(row_bytes), cuuint64_t(rows)}, stride[1] = {cuuint64_t(pitch)};
+    const cuuint32_t box[2] = {cuuint32_t(box_bytes), cuuint32_t(kTileM)}, estride[2] = {1, 1};
+    return encode(reinterpret_cast<CUtensorMap*>(&out), CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dim,
+                  stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  for (int64_t e = 0; e < experts; ++e) {
+    MoeRingMap* m = maps + e * kMoeRingMapsPerExpert;
+    std::memset(static_cast<void*>(m), 0, sizeof(MoeRingMap) * kMoeRingMapsPerExpert);
+    const DeviceExpert& d = host_table[e];
+    if (d.gate.data == nullptr) continue;  // not held by this rank: never in a plan
+    const DeviceWeight* w[3] = {&d.gate, &d.up, &d.down};
+    for (int i = 0; i < 3; ++i) {
+      const int64_t rows = i < 2 ? inter : hidden, k = i < 2 ? hidden : inter;
+      // INT4 group-32 weights: k / 2 bytes per row (data_stride in int32 words), bf16 scales.
+      if (!make(m[i], w[i]->data, rows, k / 2, w[i]->data_stride * 4, kRingRowBytes) ||
+          !make(m[3 + i], w[i]->scale, rows, k / 32 * 2, w[i]->scale_stride * 2, 16))
+        return false;
+    }
+  }
+  return true;
+}
 
 bool moe_tc_device_ok() {
   int dev = 0, major = 0;
@@ -876,8 +1085,20 @@ bool moe_tc_device_ok() {
   return major >= 8;
 }
 
-int moe_tc_fused_grid(MoeFormat format) {
-  return format == MoeFormat::FP8 ? fused_grid<MoeFormat::FP8>() : fused_grid<MoeFormat::I4_BF16>();
+int moe_tc_fused_grid(MoeFormat format, bool ring) {
+  if (format == MoeFormat::FP8) return fused_grid<MoeFormat::FP8, false>();
+  return ring ? fused_grid<MoeFormat::I4_BF16, true>() : fused_grid<MoeFormat::I4_BF16, false>();
+}
+
+bool moe_tc_ring_ok(MoeFormat format, int64_t hidden, int64_t inter) {
+  static const int major = [] {
+    int dev = 0, m = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+      return 0;
+    return m;
+  }();
+  return format == MoeFormat::I4_BF16 && major >= 9 && moe_tc_shape_ok(format, hidden, inter) &&
+         hidden % ring_k_multiple(format) == 0 && inter % ring_k_multiple(format) == 0;
 }
 
 void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream) {
@@ -892,7 +1113,11 @@ void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream) {
 
 bool moe_tc_device_ok() { return false; }
 
-int moe_tc_fused_grid(MoeFormat) { return 0; }
+int moe_tc_fused_grid(MoeFormat, bool) { return 0; }
+
+bool moe_tc_ring_ok(MoeFormat, int64_t, int64_t) { return false; }
+
+bool moe_tc_ring_maps(const DeviceExpert*, int64_t, int64_t, int64_t, MoeRingMap*) { return false; }
 
 void moe_tc_launch(MoeFormat, const MoeTcArgs&, Stream) {
   MLA_CHECK(false, "moe_tc_launch: tensor-core MoE decode needs a CUDA build");
@@ -907,9 +1132,15 @@ void moe_tc_launch(MoeFormat, const MoeTcArgs&, Stream) {
 //   INT4 32.8 / 45.2 / 50.9 / 64.9%  against  43.3 / 59.2 / 66.3 / 72.2%
 // The fused grid wins FP8 from batch 2 (one queue fills the gate/up tail with down items) and loses
 // FP8 batch 1 (it splits that gate/up pass over K, which measured slower for FP8 in two grids too)
-// and every INT4 batch (its 168-register cap spills 228 B of the two bodies' live state). On an H100
-// (same day, `--moe-variants`, copy 3025 GB/s) this rule read FP8 79.4 / 89.4 / 96.4 / 96.3%
-// against two grids' 79.2 / 83.6 / 93.0 / 94.0%; the fused grid unsplit at FP8 batch 1, 78.5%.
-bool moe_tc_fused_auto(MoeFormat format, int64_t tokens) { return format == MoeFormat::FP8 && tokens >= 2; }
+// and every INT4 batch on register bursts (its 168-register cap spills 228 B of the two bodies' live
+// state). On an H100 (same day, `--moe-variants`, copy 3025 GB/s) this rule read FP8 79.4 / 89.4 /
+// 96.4 / 96.3% against two grids' 79.2 / 83.6 / 93.0 / 94.0%; the fused grid unsplit at FP8 batch 1,
+// 78.5%.
+// INT4 with the weight rings (no spills; session 19, H100, `--moe-variants
+// 2grid+noring,2grid,fused,...`, copy 3028 GB/s): fused 66.8 / 76.4 / 84.1 / 87.4%, two grids 59.5
+// / 65.7 / 75.5 / 79.9%, register bursts in two grids 51.6 / 69.5 / 77.7 / 79.9%.
+bool moe_tc_fused_auto(MoeFormat format, int64_t tokens, bool ring) {
+  return format == MoeFormat::FP8 ? tokens >= 2 : ring;
+}
 
 }  // namespace mla::gpu

@@ -39,17 +39,31 @@ struct MoeTcArgs {
   // from a work queue; 0: two grids. Both give the same bits.
   int fused_ctas = 0;
   unsigned* queue = nullptr;  // fused: [2 + slots] counters, zero between calls (the kernel leaves them zero)
+  // Non-null: the weights stream through per-warp shared-memory rings that the copy engine fills
+  // from these maps ([experts x kMoeRingMapsPerExpert], device; precondition: moe_tc_ring_ok), else
+  // through register bursts. Both give the same bits.
+  const MoeRingMap* ring_maps = nullptr;
 };
 
 bool moe_tc_shape_ok(MoeFormat format, int64_t hidden, int64_t inter);
 // Compute capability major of the current device >= 8 (false on HIP builds).
 bool moe_tc_device_ok();
 size_t moe_tc_scratch_bytes(MoeFormat format, int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter);
-// CTAs the device holds at once of the fused grid for `format` (FP8 or I4_BF16; 0 on HIP builds).
-int moe_tc_fused_grid(MoeFormat format);
-// The default choice between the fused grid and two grids for a call of `tokens` tokens (measured;
-// the definition says where).
-bool moe_tc_fused_auto(MoeFormat format, int64_t tokens);
+// CTAs the device holds at once of the fused grid for `format` (FP8 or I4_BF16; 0 on HIP builds),
+// with (ring) or without the weight rings.
+int moe_tc_fused_grid(MoeFormat format, bool ring);
+// Whether the weight-ring path (MoeTcArgs::ring) exists for this format, shape and device: INT4,
+// sm_90+ (cp.async.bulk), hidden and inter multiples of 256. The weights' alignment is the caller's
+// to check (16-byte rows and pointers, data and scales).
+bool moe_tc_ring_ok(MoeFormat format, int64_t hidden, int64_t inter);
+// The ring maps of `experts` experts of host_table (maps[e * kMoeRingMapsPerExpert + i]; experts not
+// held are left zero). False (maps unspecified) where an expert's rows or scale rows are not
+// 16-byte aligned or the driver refuses a map; the caller then keeps the register bursts.
+bool moe_tc_ring_maps(const DeviceExpert* host_table, int64_t experts, int64_t hidden, int64_t inter,
+                      MoeRingMap* maps);
+// The default choice between the fused grid and two grids for a call of `tokens` tokens, with or
+// without the weight rings (measured; the definition says where).
+bool moe_tc_fused_auto(MoeFormat format, int64_t tokens, bool ring);
 // Enqueues prep (x -> 16-bit), gate/up (-> 16-bit h) and down (-> y). Precondition: the constraint
 // above holds and `format` is the table's.
 void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream);

@@ -158,6 +158,29 @@ __device__ __forceinline__ void mbar_arrive_expect_tx_if(bool p, uint32_t bar, u
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// An L2 policy that marks lines evict-first (for bytes read once, like streamed weights).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+// Copy-engine copy of the 2-D box at element coordinates (x, y) of the tensor map at `map` (a
+// CUtensorMap in global memory, written before the launch) into this CTA's shared memory at `dst`
+// (128-byte aligned), completing the box's bytes on the mbarrier `bar` (sm_90+). A shared::cta
+// address is its own CTA's shared::cluster address.
+__device__ __forceinline__ void tensor_copy_2d_g2s(uint32_t dst, const void* map, int x, int y, uint32_t bar,
+                                                   uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3}], [%4], %5;\n" ::"r"(dst),
+      "l"(map), "r"(x), "r"(y), "r"(bar), "l"(policy)
+      : "memory");
+#else
+  (void)dst, (void)map, (void)x, (void)y, (void)bar, (void)policy;
+  __trap();  // callers dispatch this path on sm_90+ only
+#endif
+}
 // Spins until the phase with parity `parity` of `bar` has completed. The loop lives inside the asm
 // (labels are local to the braces): a compiler-visible loop next to wgmma would serialize it (C7518).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {

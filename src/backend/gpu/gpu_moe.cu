@@ -413,6 +413,18 @@ const MoeExpertTable& expert_table(GpuBackend& backend, std::span<const ops::Exp
     table.device = backend.alloc(bytes);
     // The host vector lives in the cache, so the async copy's source outlives the copy.
     MLA_GPU_CHECK(memcpy_h2d(table.device.data(), table.host.data(), bytes, backend.stream()));
+    // The tensor-core decode's weight rings (gpu_decode_tc.h) where the format, shape and device
+    // allow them and every expert's rows are aligned for the copy engine.
+    table.ring_maps_host.resize(experts.size() * kMoeRingMapsPerExpert);
+    if (moe_tc_ring_ok(table.format, table.hidden, table.inter) &&
+        moe_tc_ring_maps(table.host.data(), int64_t(experts.size()), table.hidden, table.inter,
+                         table.ring_maps_host.data())) {
+      const size_t map_bytes = table.ring_maps_host.size() * sizeof(MoeRingMap);
+      table.ring_maps = backend.alloc(map_bytes);
+      MLA_GPU_CHECK(memcpy_h2d(table.ring_maps.data(), table.ring_maps_host.data(), map_bytes, backend.stream()));
+    } else {
+      table.ring_maps_host.clear();
+    }
   }
   if (slot != nullptr) *slot = std::move(table_ptr);  // frees the stale table (cudaFree waits for its users)
   else state.tables.push_back(std::move(table_ptr));
@@ -490,6 +502,17 @@ void set_moe_tc_fused(ops::Backend& gpu, std::optional<bool> fused) {
   backend->moe_state().tc_fused = fused;
 }
 
+void set_moe_tc_ring(ops::Backend& gpu, bool ring) {
+  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
+  MLA_CHECK(backend != nullptr, "set_moe_tc_ring: backend '{}' is not the GPU backend", gpu.name());
+  backend->moe_state().tc_ring = ring;
+}
+
+bool moe_tc_last_ring(ops::Backend& gpu) {
+  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
+  MLA_CHECK(backend != nullptr, "moe_tc_last_ring: backend '{}' is not the GPU backend", gpu.name());
+  return backend->moe_state().tc_last_ring;
+}
 
 void GpuBackend::moe_route(const TensorView& router_logits, const TensorView& bias, const ops::MoeRouting& routing,
                            const TensorView& topk_ids, const TensorView& topk_weights) {
@@ -598,9 +621,11 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
                                 : nullptr;
   // The fused grid's CTA count, asked once per device and format; 0 where no call could use it.
   int fused_ctas = 0;
+  // The weight rings where the table has their maps (format, shape, device and alignment allow them).
+  const bool ring = use_tc && moe_->tc_ring && table.ring_maps.data() != nullptr;
   if (use_tc && moe_->tc_fused.value_or(true)) {
-    int& grid = moe_->tc_fused_grid[table.format == MoeFormat::FP8 ? 0 : 1];
-    if (grid == 0) grid = moe_tc_fused_grid(table.format);
+    int& grid = moe_->tc_fused_grid[table.format == MoeFormat::FP8 ? 0 : 1][ring ? 1 : 0];
+    if (grid == 0) grid = moe_tc_fused_grid(table.format, ring);
     fused_ctas = grid;
   }
 
@@ -626,8 +651,10 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
       a.scratch = tc_scratch;
       a.y = y;
       a.k_tickets = moe_->tc_k_split ? tc_tickets : nullptr;
-      a.fused_ctas = moe_->tc_fused.value_or(moe_tc_fused_auto(table.format, tn)) ? fused_ctas : 0;
+      a.fused_ctas = moe_->tc_fused.value_or(moe_tc_fused_auto(table.format, tn, ring)) ? fused_ctas : 0;
       a.queue = tc_tickets + max_slots * (inter / 64);
+      a.ring_maps = ring ? static_cast<const MoeRingMap*>(table.ring_maps.data()) : nullptr;
+      moe_->tc_last_ring = ring;
       moe_tc_launch(table.format, a, stream());
     } else if (inter > 0 && pairs > 0) {
       ExpertLaunch a;

@@ -25,4 +25,11 @@ void set_moe_tc_k_split(ops::Backend& gpu, bool split);
 // default) lets moe_tc_fused_auto (gpu_decode_tc.h) pick per call. Both give the same bits.
 void set_moe_tc_fused(ops::Backend& gpu, std::optional<bool> fused);
 
+// Test / bench knob: false streams the tensor-core decode's weights through register bursts where the
+// shared-memory weight rings would run (default true: the rings wherever moe_tc_ring_ok and the
+// weights' alignment allow). Both give the same bits.
+void set_moe_tc_ring(ops::Backend& gpu, bool ring);
+// Whether the last tensor-core decode call of `gpu` streamed its weights through the rings (tests).
+bool moe_tc_last_ring(ops::Backend& gpu);
+
 }  // namespace mla::gpu

@@ -21,6 +21,13 @@ struct DeviceExpert {
   int32_t vec_gate_up = 0, vec_down = 0;
 };
 
+// One tensor map of the tensor-core decode's weight rings (a CUtensorMap: 128 opaque bytes the copy
+// engine reads); per expert: gate, up, down data, then gate, up, down INT4 scales (moe_tc_ring_maps).
+struct alignas(128) MoeRingMap {
+  unsigned char bytes[128];
+};
+constexpr int kMoeRingMapsPerExpert = 6;
+
 // Weight storage formats the expert kernels are instantiated for (one per table: every held
 // expert's gate/up/down share it).
 enum class MoeFormat : int32_t { BF16, F16, F32, FP8, I4_BF16, I4_F16, I4_F32 };
@@ -47,6 +54,9 @@ struct MoeExpertTable {
   MoeFormat format = MoeFormat::BF16;
   bool all_vec = true;                // every held expert's gate/up/down rows are 16-byte readable
   bool scale_pairs = true;            // INT4: every scale row 4-byte aligned (the tc decode reads 2 groups' at once)
+  // MoeTcArgs::ring_maps, built with the table where moe_tc_ring_ok holds (empty: register bursts).
+  Buffer ring_maps;
+  std::vector<MoeRingMap> ring_maps_host;  // the copy's source, alive as long as the table
 };
 
 struct MoeState {
@@ -56,8 +66,11 @@ struct MoeState {
   MoePath path = MoePath::Auto;
   bool tc_k_split = true;             // set_moe_tc_k_split
   std::optional<bool> tc_fused;       // set_moe_tc_fused; unset: moe_tc_fused_auto decides per call
+  bool tc_ring = true;                // set_moe_tc_ring: the weight rings where moe_tc_ring_ok allows them
+  bool tc_last_ring = false;          // the last tensor-core decode call ran the rings (moe_tc_last_ring)
   int tc_device = -1;                 // 1: the mma.sync decode path runs on this device, 0: not, -1: unprobed
-  int tc_fused_grid[2] = {0, 0};      // moe_tc_fused_grid(FP8 / I4_BF16) of this device; 0: not yet asked
+  // moe_tc_fused_grid of this device: [FP8 / I4_BF16][register bursts / rings]; 0: not yet asked.
+  int tc_fused_grid[2][2] = {{0, 0}, {0, 0}};
   // One table per MoE layer's expert span, found by (data, size): a few dozen entries, linear search
   // (std::map of these trips a clang 15 HIP crash).
   std::vector<std::unique_ptr<MoeExpertTable>> tables;
