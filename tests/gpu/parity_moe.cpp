@@ -440,11 +440,13 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16FusedBitIdentical) {
 
 // The INT4 weight rings (per-warp shared-memory stages filled by the copy engine) read the same
 // fragments in the same chunk order as the register bursts, so both must give the same bits, in
-// the two grids and in the fused grid: one 64-row tile and one stage per K half (256 x 256), K split
-// or not (T <= 2), several passes of columns per expert (T = 16 on 3 experts, top-2), a shape whose
-// down pass is longer than its gate/up pass (256 x 768), the DeepSeek-V3 shape at batch 1 / 2 / 8,
-// and each ring call twice (the barriers' phases restart with every launch). The test checks that
-// the ring path ran (the test GPU is sm_90), and the ring result against the CPU.
+// the two grids and in the fused grid: 8 gate/up and 4 down tiles and one stage per gate/up K half (256 x 512,
+// T <= 2: K split), several passes of columns per expert (T = 16 on 3 experts, top-2), a shape whose
+// down pass is longer than its gate/up pass (256 x 1024), the DeepSeek-V3 shape at batch 1 / 2 / 8,
+// and each ring call twice (the barriers' phases restart with every launch). In the fused grid a
+// CTA's items of both kinds follow each other through its rings (each slot's phase carries over).
+// The test checks that the ring path ran (the test GPU is sm_90), and the ring result against the
+// CPU.
 TEST(GpuParityMoe, TensorCoreDecodeBf16RingBitIdentical) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
@@ -453,9 +455,9 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16RingBitIdentical) {
     int top_k;
     std::vector<int64_t> tokens;
   };
-  const Case cases[] = {{256, 256, 12, 4, {1, 2, 5}},
+  const Case cases[] = {{256, 512, 12, 4, {1, 2, 5}},
                         {1280, 512, 3, 2, {16}},
-                        {256, 768, 12, 4, {3}},
+                        {256, 1024, 12, 4, {3}},
                         {7168, 2048, 12, 8, {1, 2, 8}}};
   std::mt19937 rng(7800);
   for (const Case& c : cases) {
@@ -505,7 +507,7 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16GraphReplay) {
   for (const bool fused : {false, true}) {
     for (WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
       gpu::set_moe_tc_fused(*be, fused);
-      const int64_t tokens = 5, hidden = 256, inter = 256, num_experts = 16;  // INT4: the rings
+      const int64_t tokens = 5, hidden = 256, inter = 512, num_experts = 16;  // INT4: the rings
       const int top_k = 4;
       const auto set = make_experts(rng, kind, num_experts, hidden, inter, 4);
       const Twin x = twin_random(rng, DType::F32, {tokens, hidden});
@@ -530,7 +532,7 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16GraphReplay) {
         std::string name = weight_kind_name(kind);
         name += " graph replay step ";
         name += std::to_string(step);
-        name += fused ? " T5 H256 I256 E16 k4 [bf16 tc, fused grid]" : " T5 H256 I256 E16 k4 [bf16 tc]";
+        name += fused ? " T5 H256 I512 E16 k4 [bf16 tc, fused grid]" : " T5 H256 I512 E16 k4 [bf16 tc]";
         EXPECT_TRUE(check_parity("moe_experts", name, out, tc_tol(kind)));
       }
       gpu::set_moe_tc_fused(*be, std::nullopt);  // the backend's default
