@@ -713,11 +713,13 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
             const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * window + lc] : 0.0f;
             float sw[kMats];
 #pragma unroll
-            for (int m = 0; m < kMats; ++m) sw[m] = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
+            for (int m = 0; m < kMats; ++m)
+              sw[m] = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
             chunk_fp8<kMats>(av, b, inv0, inv1, sw, acc);
           } else {
             // sum(x) of this lane's two groups for token `tok` (0 past the pass's columns).
-            const float2 xs = tok < ncols ? *reinterpret_cast<const float2*>(s_gsum + lc * kAux) : make_float2(0.0f, 0.0f);
+            const float2 xs =
+                tok < ncols ? *reinterpret_cast<const float2*>(s_gsum + lc * kAux) : make_float2(0.0f, 0.0f);
             chunk_i4<kMats, kGateUp>(av, sv, b, xs, acc);  // gate/up: f16 x; down: bf16 h
           }
         };
@@ -737,7 +739,8 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
                 for (int h = 0; h < 2; ++h) {
                   const int row = m * kTileM + g + 8 * h;
                   av[m][h] = *reinterpret_cast<const uint4*>(sp + row * kRingRowBytes + j * 64 + t * 16);
-                  sv[m][h] = kFp8 ? 0u : *reinterpret_cast<const uint32_t*>(sp + RG::kWBytes + row * 16 + j * 8 + 4 * (t & 1));
+                  const unsigned char* sg = sp + RG::kWBytes + row * 16 + j * 8 + 4 * (t & 1);
+                  sv[m][h] = kFp8 ? 0u : *reinterpret_cast<const uint32_t*>(sg);
                 }
               chunk_at(av, sv, c0 + j);
             }
@@ -747,37 +750,37 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
             ++ring_q;
           }
         } else {
-        for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
-          if (!burst_ready) issue(c0, w_end);
-          burst_ready = false;
-          // Chunk u of the burst; bursts inside the window (all but a window's last) run the chunks
-          // branch-free, so one chunk's loads and converts overlap the previous chunk's mma chain
-          // (u is a constant after unrolling: a[u] and sbits[u] stay in registers).
-          auto chunk = [&](const int u) { chunk_at(a[u], sbits[u], c0 + u); };
-          if constexpr (kPipe) {
-            // Two stages of kU / 2 chunks: each refilled with the chunks kU ahead as soon as it is
-            // consumed, so the other stage's loads stay in flight during the mma work.
-            constexpr int kH = kU / 2;
-            const bool full = c0 + kU <= w_end;
+          for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
+            if (!burst_ready) issue(c0, w_end);
+            burst_ready = false;
+            // Chunk u of the burst; bursts inside the window (all but a window's last) run the chunks
+            // branch-free, so one chunk's loads and converts overlap the previous chunk's mma chain
+            // (u is a constant after unrolling: a[u] and sbits[u] stay in registers).
+            auto chunk = [&](const int u) { chunk_at(a[u], sbits[u], c0 + u); };
+            if constexpr (kPipe) {
+              // Two stages of kU / 2 chunks: each refilled with the chunks kU ahead as soon as it is
+              // consumed, so the other stage's loads stay in flight during the mma work.
+              constexpr int kH = kU / 2;
+              const bool full = c0 + kU <= w_end;
 #pragma unroll
-            for (int u = 0; u < kH; ++u)
-              if (full || c0 + u < w_end) chunk(u);
-            issue_slots(c0 + kU, w_end, 0, kH);
+              for (int u = 0; u < kH; ++u)
+                if (full || c0 + u < w_end) chunk(u);
+              issue_slots(c0 + kU, w_end, 0, kH);
 #pragma unroll
-            for (int u = kH; u < kU; ++u)
-              if (full || c0 + u < w_end) chunk(u);
-            issue_slots(c0 + kU, w_end, kH, kU);
-            burst_ready = true;
-          } else if (c0 + kU <= w_end) {
+              for (int u = kH; u < kU; ++u)
+                if (full || c0 + u < w_end) chunk(u);
+              issue_slots(c0 + kU, w_end, kH, kU);
+              burst_ready = true;
+            } else if (c0 + kU <= w_end) {
 #pragma unroll
-            for (int u = 0; u < kU; ++u) chunk(u);
-          } else {
+              for (int u = 0; u < kU; ++u) chunk(u);
+            } else {
 #pragma unroll
-            for (int u = 0; u < kU; ++u)
-              if (c0 + u < w_end) chunk(u);  // warp-uniform
+              for (int u = 0; u < kU; ++u)
+                if (c0 + u < w_end) chunk(u);  // warp-uniform
+            }
           }
-        }
-        if constexpr (kPipe) burst_ready = false;  // the refills past the window were empty
+          if constexpr (kPipe) burst_ready = false;  // the refills past the window were empty
         }
       }
     }
@@ -862,7 +865,9 @@ struct TcQueue {
 // kernel boundary; here the down items fill the gate/up tail and one short tail remains. Each item
 // computes exactly what the two-grid path's CTA computes (the same K halves, fold and order), so the
 // two paths give the same bits. A CTA takes its next ticket when it starts an item (the atomic's
-// round trip hides behind the item); the last CTA out zeroes the queue for the next call.
+// round trip hides behind the item); the last CTA out zeroes the queue for the next call. (Streaming
+// a CTA's next item into its weight rings while an item ends, with the ticket taken one or two items
+// ahead, measured slower on an H100 at batch 1-8 and was dropped: docs/performance.md, session 19.)
 template <MoeFormat F, bool kRing>
 __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
     moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct x_act, TcAct h_act, int top_k,
