@@ -471,7 +471,8 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // rows][16 B] (chunk j's 4 group scales at 8 j). A fragment load (8 lanes per 128-byte phase: rows 2q,
 // 2q + 1, pieces t) meets a 2-way bank conflict (rows 128 B apart): shared-memory bandwidth is not
 // what bounds this kernel, and padding the rows would cost a third of the ring.
-constexpr int kRingChunks = 2;          // chunks per stage: INT4 scale boxes 2 x 8 B = 16 B wide, the least a box takes
+// Chunks per stage: INT4 scale boxes of 2 x 8 B = 16 B, the narrowest box a tensor map takes.
+constexpr int kRingChunks = 2;
 constexpr int kRingRowBytes = kRingChunks * 64;  // a row's bytes per stage (a chunk is 64 B of a row in both formats)
 constexpr int kRingWarpBytes = 18 * 1024;        // per warp: 72 KB per CTA, 2 CTAs per SM with the staging
 constexpr int kRingMaxStages = 8;

@@ -52,9 +52,9 @@ size_t moe_tc_scratch_bytes(MoeFormat format, int64_t tokens, int64_t pairs, int
 // CTAs the device holds at once of the fused grid for `format` (FP8 or I4_BF16; 0 on HIP builds),
 // with (ring) or without the weight rings.
 int moe_tc_fused_grid(MoeFormat format, bool ring);
-// Whether the weight-ring path (MoeTcArgs::ring) exists for this format, shape and device: INT4,
-// sm_90+ (cp.async.bulk), hidden and inter multiples of 256. The weights' alignment is the caller's
-// to check (16-byte rows and pointers, data and scales).
+// Whether the weight-ring path (MoeTcArgs::ring_maps) exists for this format, shape and device:
+// INT4, sm_90+ (tensor-map copies), hidden and inter multiples of 256 (whole stages). The weights'
+// alignment is moe_tc_ring_maps' to check.
 bool moe_tc_ring_ok(MoeFormat format, int64_t hidden, int64_t inter);
 // The ring maps of `experts` experts of host_table (maps[e * kMoeRingMapsPerExpert + i]; experts not
 // held are left zero). False (maps unspecified) where an expert's rows or scale rows are not

@@ -415,15 +415,16 @@ const MoeExpertTable& expert_table(GpuBackend& backend, std::span<const ops::Exp
     MLA_GPU_CHECK(memcpy_h2d(table.device.data(), table.host.data(), bytes, backend.stream()));
     // The tensor-core decode's weight rings (gpu_decode_tc.h) where the format, shape and device
     // allow them and every expert's rows are aligned for the copy engine.
-    table.ring_maps_host.resize(experts.size() * kMoeRingMapsPerExpert);
-    if (moe_tc_ring_ok(table.format, table.hidden, table.inter) &&
-        moe_tc_ring_maps(table.host.data(), int64_t(experts.size()), table.hidden, table.inter,
-                         table.ring_maps_host.data())) {
-      const size_t map_bytes = table.ring_maps_host.size() * sizeof(MoeRingMap);
-      table.ring_maps = backend.alloc(map_bytes);
-      MLA_GPU_CHECK(memcpy_h2d(table.ring_maps.data(), table.ring_maps_host.data(), map_bytes, backend.stream()));
-    } else {
-      table.ring_maps_host.clear();
+    if (moe_tc_ring_ok(table.format, table.hidden, table.inter)) {
+      table.ring_maps_host.resize(experts.size() * kMoeRingMapsPerExpert);
+      if (moe_tc_ring_maps(table.host.data(), int64_t(experts.size()), table.hidden, table.inter,
+                           table.ring_maps_host.data())) {
+        const size_t map_bytes = table.ring_maps_host.size() * sizeof(MoeRingMap);
+        table.ring_maps = backend.alloc(map_bytes);
+        MLA_GPU_CHECK(memcpy_h2d(table.ring_maps.data(), table.ring_maps_host.data(), map_bytes, backend.stream()));
+      } else {
+        table.ring_maps_host.clear();
+      }
     }
   }
   if (slot != nullptr) *slot = std::move(table_ptr);  // frees the stale table (cudaFree waits for its users)
