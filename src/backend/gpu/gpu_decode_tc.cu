@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "backend/gpu/gpu_decode_tc.cuh"
+#include "backend/gpu/gpu_tensor_map.cuh"  // tensor_map_encoder, CUtensorMap
 #include "core/status.h"
 
 namespace mla::gpu {
@@ -69,8 +70,6 @@ size_t moe_tc_scratch_bytes(MoeFormat format, int64_t tokens, int64_t pairs, int
 }
 
 #if MLA_GPU_CUDA
-#include <cuda.h>  // CUtensorMap (the encoder comes through cudaGetDriverEntryPointByVersion)
-#include <cudaTypedefs.h>
 
 namespace {
 
@@ -473,7 +472,7 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // what bounds this kernel, and padding the rows would cost a third of the ring.
 // Chunks per stage: INT4 scale boxes of 2 x 8 B = 16 B, the narrowest box a tensor map takes.
 constexpr int kRingChunks = 2;
-constexpr int kRingRowBytes = kRingChunks * 64;  // a row's bytes per stage (a chunk is 64 B of a row in both formats)
+constexpr int kRingRowBytes = kRingChunks * 64;  // a row's bytes per stage (a chunk: 64 B of a row, either format)
 constexpr int kRingWarpBytes = 18 * 1024;        // per warp: 72 KB per CTA, 2 CTAs per SM with the staging
 constexpr int kRingMaxStages = 8;
 template <MoeFormat F, int kMats> struct RingGeom {
@@ -1047,16 +1046,7 @@ template <MoeFormat F, bool kRing> int fused_grid() {
 bool moe_tc_ring_maps(const DeviceExpert* host_table, int64_t experts, int64_t hidden, int64_t inter,
                       MoeRingMap* maps) {
   static_assert(sizeof(CUtensorMap) == sizeof(MoeRingMap) && alignof(MoeRingMap) >= alignof(CUtensorMap));
-  // The driver's encoder through the runtime (no link against libcuda).
-  static const auto encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   // A [rows, row_bytes] byte matrix of pitch `pitch`, read in boxes of 16 rows x box_bytes.
   auto make = [&](MoeRingMap& out, const void* base, int64_t rows, int64_t row_bytes, int64_t pitch, int box_bytes) {

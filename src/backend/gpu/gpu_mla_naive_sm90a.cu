@@ -11,10 +11,8 @@
 #include "core/status.h"
 
 #if MLA_GPU_CUDA
-#include <cuda.h>          // CUtensorMap (the type only: no libcuda link, see tensor_map_encoder)
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include "backend/gpu/gpu_mma.cuh"
+#include "backend/gpu/gpu_tensor_map.cuh"  // tensor_map_encoder, CUtensorMap
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "gpu_mla_naive_sm90a.cu must be compiled for sm_90a only (src/backend/gpu/CMakeLists.txt)"
 #endif
@@ -468,21 +466,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-}
-
-// cuTensorMapEncodeTiled from the driver the runtime already loaded (no link against libcuda, which
-// the CI machines lack); null where the driver does not offer it.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      p = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
 }
 
 // Tensor map of one [heads][n][cols] bf16 tensor for boxes of kBoxDims columns x kKeys keys x 1 head,
