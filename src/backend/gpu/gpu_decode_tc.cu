@@ -1134,7 +1134,10 @@ void moe_tc_launch(MoeFormat, const MoeTcArgs&, Stream) {
 // 78.5%.
 // INT4 with the weight rings (no spills; session 19, H100, `--moe-variants
 // 2grid+noring,2grid,fused,...`, copy 3028 GB/s): fused 66.8 / 76.4 / 84.1 / 87.4%, two grids 59.5
-// / 65.7 / 75.5 / 79.9%, register bursts in two grids 51.6 / 69.5 / 77.7 / 79.9%.
+// / 65.7 / 75.5 / 79.9%, register bursts in two grids 51.6 / 69.5 / 77.7 / 79.9%. On an H200
+// (session 20, copy 4256 GB/s): fused 51.9 / 59.3 / 65.6 / 69.1%, two grids 48.2 / 53.4 / 60.8 /
+// 65.9%, register bursts in two grids 42.4 / 57.9 / 65.1 / 70.5%: the rings lose 1.4 points there at
+// batch 8 only, too little for a device-keyed rule.
 bool moe_tc_fused_auto(MoeFormat format, int64_t tokens, bool ring) {
   return format == MoeFormat::FP8 ? tokens >= 2 : ring;
 }
