@@ -115,17 +115,37 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       DevTensor out = dev_tensor(*be, DType::F32, {batch, hidden});
       fill_random(x.view, 300 + uint64_t(batch), -1, 1, s);
       be->synchronize();
+      // Times `calls` back-to-back calls per event pair (routing sets rotated, call i of the whole run
+      // on set i % sets); returns the median per-call time and the median per-call rate over the
+      // pairs (bytes differ per call: the number of distinct experts hit).
+      struct Measured {
+        double ms, gbps;
+      };
+      auto measure = [&](int calls) {
+        TimingPlan plan;
+        plan.max_reps = calls > 1 ? (o.quick ? 4 : 24) : (o.quick ? 20 : 200);
+        plan.budget_ms = o.quick ? 100 : 1000;
+        const Timing t = time_on_stream(s, plan, [&](int rep) {
+          for (int i = 0; i < calls; ++i) {
+            const size_t r = size_t(rep * calls + i) % sets;
+            be->moe_experts(x.view, ids[r].view, weights[r].view, experts, out.view);
+          }
+        });
+        std::vector<double> gbps;
+        for (size_t i = 0; i < t.per_rep_ms.size(); ++i) {
+          double bytes = 0;
+          for (int j = 0; j < calls; ++j) bytes += unique[size_t(int(plan.warmup + i) * calls + j) % sets] * expert_bytes;
+          gbps.push_back(bytes / (t.per_rep_ms[i] * 1e-3) / 1e9);
+        }
+        std::sort(gbps.begin(), gbps.end());
+        return Measured{t.median_ms / calls, gbps[gbps.size() / 2]};
+      };
       // --moe-variants: each in turn (e.g. A B A B); else the backend's default.
       for (const MoeVariant& v : variants) {
         gpu::set_moe_tc_fused(*be, v.fused);
         gpu::set_moe_tc_k_split(*be, v.k_split);
         gpu::set_moe_tc_ring(*be, v.ring);
-        TimingPlan plan;
-        plan.max_reps = o.quick ? 20 : 200;
-        plan.budget_ms = o.quick ? 100 : 1000;
-        const Timing t = time_on_stream(s, plan, [&](int rep) {
-          be->moe_experts(x.view, ids[size_t(rep % sets)].view, weights[size_t(rep % sets)].view, experts, out.view);
-        });
+        const Measured m = measure(1);
         if (o.profile_calls) {
           be->synchronize();
           profiler_range(true);
@@ -133,17 +153,12 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
           be->synchronize();
           profiler_range(false);
         }
-        // Bytes differ per call (the number of distinct experts hit): the median of per-call rates.
-        std::vector<double> gbps;
-        for (size_t i = 0; i < t.per_rep_ms.size(); ++i)
-          gbps.push_back(unique[(size_t(plan.warmup) + i) % sets] * expert_bytes / (t.per_rep_ms[i] * 1e-3) / 1e9);
-        std::sort(gbps.begin(), gbps.end());
         const double mean_unique = std::accumulate(unique.begin(), unique.end(), 0.0) / sets;
         const std::string tag = v.name.empty() ? "" : fmt::format(" [{}]", v.name);
         report.add({"moe_decode",
                     fmt::format("{} experts {} top-{}, batch {}, {}{}", num_experts, bench_weight_name(kind), top_k,
                                 batch, "7168x2048", tag),
-                    t.median_ms, gbps[gbps.size() / 2], "GB/s", c.copy_gbps, "copy BW", 0.7,
+                    m.ms, m.gbps, "GB/s", c.copy_gbps, "copy BW", 0.7,
                     fmt::format("{:.1f} unique experts/call avg, {:.1f} MB each", mean_unique, expert_bytes / 1e6),
                     fmt::format("{} b{}{}{}", bench_weight_name(kind), batch, v.name.empty() ? "" : " ", v.name)});
       }
@@ -158,28 +173,29 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       // kernel boundary cost each call. No target: the per-call row is the one of record.
       {
         constexpr int kCalls = 16;
-        TimingPlan many;
-        many.max_reps = o.quick ? 4 : 24;
-        many.budget_ms = o.quick ? 100 : 1000;
-        const Timing t = time_on_stream(s, many, [&](int rep) {
-          for (int i = 0; i < kCalls; ++i) {
-            const size_t r = size_t(rep * kCalls + i) % sets;
-            be->moe_experts(x.view, ids[r].view, weights[r].view, experts, out.view);
-          }
-        });
-        std::vector<double> gbps;
-        for (size_t i = 0; i < t.per_rep_ms.size(); ++i) {
-          double bytes = 0;
-          for (int j = 0; j < kCalls; ++j)
-            bytes += unique[size_t((int(many.warmup + i) * kCalls + j)) % sets] * expert_bytes;
-          gbps.push_back(bytes / (t.per_rep_ms[i] * 1e-3) / 1e9);
-        }
-        std::sort(gbps.begin(), gbps.end());
+        const Measured m = measure(kCalls);
         report.add({"moe_decode",
                     fmt::format("{} experts {} top-{}, batch {}, 7168x2048 [{} calls per event pair]", num_experts,
                                 bench_weight_name(kind), top_k, batch, kCalls),
-                    t.median_ms / kCalls, gbps[gbps.size() / 2], "GB/s", c.copy_gbps, "copy BW", 0.0,
-                    "per-call average of back-to-back calls", fmt::format("{} b{} x{}", bench_weight_name(kind), batch, kCalls)});
+                    m.ms, m.gbps, "GB/s", c.copy_gbps, "copy BW", 0.0, "per-call average of back-to-back calls",
+                    fmt::format("{} b{} x{}", bench_weight_name(kind), batch, kCalls)});
+      }
+      // The structure's ceiling (set_moe_tc_probe): the default INT4 path, the fused ring grid, with
+      // its arithmetic skipped; timed per call like the row of record. What the row of record lacks
+      // of it is the arithmetic's cost; what this row lacks of 100% is the kernels', the item
+      // boundaries' and the tail's. Only where the defaults ran the rings.
+      if (kind == BenchWeight::INT4 && gpu::moe_tc_last_ring(*be)) {
+        gpu::set_moe_tc_fused(*be, true);
+        gpu::set_moe_tc_probe(*be, true);
+        const Measured m = measure(1);
+        gpu::set_moe_tc_probe(*be, false);
+        gpu::set_moe_tc_fused(*be, def.fused);
+        report.add({"moe_decode",
+                    fmt::format("{} experts {} top-{}, batch {}, 7168x2048 [no arithmetic: the structure's ceiling]",
+                                num_experts, bench_weight_name(kind), top_k, batch),
+                    m.ms, m.gbps, "GB/s", c.copy_gbps, "copy BW", 0.0,
+                    "fused ring grid, weights streamed, math skipped (outputs garbage)",
+                    fmt::format("{} b{} probe", bench_weight_name(kind), batch)});
       }
     }
   }

@@ -526,8 +526,9 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 // issued.
 // The structs come by value: a reference to a kernel parameter can make ptxas copy it to the stack.
 // kRing: the weights stream through the warp's ring (WarpRing, ring_k_multiple), else through
-// register bursts.
-template <MoeFormat F, bool kGateUp, bool kRing>
+// register bursts. kProbe (ring only; set_moe_tc_probe): a warp waits for each stage and refills it
+// without reading it, so the item streams its bytes with no arithmetic (outputs are garbage).
+template <MoeFormat F, bool kGateUp, bool kRing, bool kProbe = false>
 __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct act,
                                             int top_k, int64_t k_dim, TcOut out, int window, int stage_cols, int slot,
                                             int tile_y, int z, int kz, int tiles_per_slot, bool first, TcDeps deps,
@@ -730,7 +731,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
             ring.phase ^= 1u << st;
             const unsigned char* sp = ring.buf + st * RG::kStageBytes;
 #pragma unroll
-            for (int j = 0; j < kRingChunks; ++j) {
+            for (int j = 0; j < (kProbe ? 0 : kRingChunks); ++j) {
               uint4 av[kMats][2];
               uint32_t sv[kMats][2];
 #pragma unroll
@@ -868,7 +869,7 @@ struct TcQueue {
 // round trip hides behind the item); the last CTA out zeroes the queue for the next call. (Streaming
 // a CTA's next item into its weight rings while an item ends, with the ticket taken one or two items
 // ahead, measured slower on an H100 at batch 1-8 and was dropped: docs/performance.md, session 19.)
-template <MoeFormat F, bool kRing>
+template <MoeFormat F, bool kRing, bool kProbe = false>
 __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
     moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct x_act, TcAct h_act, int top_k,
                         int64_t hidden, int64_t inter, TcOut o1, TcOut o2, int w1, int w2, int stage_cols, int kz,
@@ -893,14 +894,14 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
       const int slot = int(item / gu_per_slot), r = int(item % gu_per_slot);
       TcDeps d;
       d.h_written = q.done + slot;
-      moe_tc_tile<F, true, kRing>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, r % kz, kz,
+      moe_tc_tile<F, true, kRing, kProbe>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, r % kz, kz,
                                   int(ic), first, d, ring_maps, ring);
     } else {
       const int slot = int((item - n_gu) / hc), y = int((item - n_gu) % hc);
       TcDeps d;
       d.h_ready = q.done + slot;
       d.h_tiles = ic;
-      moe_tc_tile<F, false, kRing>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y, 0, 1, int(hc), first,
+      moe_tc_tile<F, false, kRing, kProbe>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y, 0, 1, int(hc), first,
                                    d, ring_maps, ring);
     }
     first = false;
@@ -1000,7 +1001,9 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
       const bool ksplit = one_pass && gu_tiles <= kKSplitMaxTilesFused && gu_tiles < 2 * int64_t(a.fused_ctas);
       const TcQueue q{a.queue, a.queue + 1, a.queue + 2, a.slots};
       const size_t stage = std::max(moe_stage(F, w1, cols).bytes, moe_stage(F, w2, cols).bytes);
-      const auto kernel = moe_tc_fused_kernel<F, kRing>;
+      auto kernel = moe_tc_fused_kernel<F, kRing>;
+      if constexpr (kRing && !kFp8)
+        if (a.probe) kernel = moe_tc_fused_kernel<F, kRing, true>;
       if constexpr (kRing) opt_in_smem(kernel, smem_for(stage));
       mma::launch_maybe_pdl(kernel, dim3(unsigned(a.fused_ctas)), dim3(kThreads), smem_for(stage), true, stream,
                             a.table, a.plan, x_act, h_act, a.top_k, a.hidden, a.inter, o1, o2, w1, w2, cols,

@@ -43,6 +43,8 @@ struct MoeTcArgs {
   // from these maps ([experts x kMoeRingMapsPerExpert], device; precondition: moe_tc_ring_ok), else
   // through register bursts. Both give the same bits.
   const MoeRingMap* ring_maps = nullptr;
+  // Bench only (set_moe_tc_probe; needs fused_ctas > 0 and ring_maps): skip the arithmetic.
+  bool probe = false;
 };
 
 bool moe_tc_shape_ok(MoeFormat format, int64_t hidden, int64_t inter);

@@ -509,6 +509,12 @@ void set_moe_tc_ring(ops::Backend& gpu, bool ring) {
   backend->moe_state().tc_ring = ring;
 }
 
+void set_moe_tc_probe(ops::Backend& gpu, bool probe) {
+  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
+  MLA_CHECK(backend != nullptr, "set_moe_tc_probe: backend '{}' is not the GPU backend", gpu.name());
+  backend->moe_state().tc_probe = probe;
+}
+
 bool moe_tc_last_ring(ops::Backend& gpu) {
   auto* backend = dynamic_cast<GpuBackend*>(&gpu);
   MLA_CHECK(backend != nullptr, "moe_tc_last_ring: backend '{}' is not the GPU backend", gpu.name());
@@ -656,6 +662,9 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
       a.queue = tc_tickets + max_slots * (inter / 64);
       a.ring_maps = ring ? static_cast<const MoeRingMap*>(table.ring_maps.data()) : nullptr;
       moe_->tc_last_ring = ring;
+      a.probe = moe_->tc_probe;
+      MLA_CHECK(!a.probe || (ring && a.fused_ctas > 0),
+                "set_moe_tc_probe: this call runs no fused ring grid (format, device or set_moe_tc_fused)");
       moe_tc_launch(table.format, a, stream());
     } else if (inter > 0 && pairs > 0) {
       ExpertLaunch a;
