@@ -134,7 +134,8 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
         std::vector<double> gbps;
         for (size_t i = 0; i < t.per_rep_ms.size(); ++i) {
           double bytes = 0;
-          for (int j = 0; j < calls; ++j) bytes += unique[size_t(int(plan.warmup + i) * calls + j) % sets] * expert_bytes;
+          for (int j = 0; j < calls; ++j)
+            bytes += unique[size_t(int(plan.warmup + i) * calls + j) % sets] * expert_bytes;
           gbps.push_back(bytes / (t.per_rep_ms[i] * 1e-3) / 1e9);
         }
         std::sort(gbps.begin(), gbps.end());
