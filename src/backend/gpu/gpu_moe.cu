@@ -483,43 +483,22 @@ void dispatch_experts(MoeFormat f, const ExpertLaunch& a, bool decode, Stream st
   }
 }
 
+// The MoE state of `gpu`, which the knobs below require to be the GPU backend (`knob` names the caller).
+MoeState& moe_state_of(ops::Backend& gpu, const char* knob) {
+  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
+  MLA_CHECK(backend != nullptr, "{}: backend '{}' is not the GPU backend", knob, gpu.name());
+  return backend->moe_state();
+}
 }  // namespace
 
-void set_moe_path(ops::Backend& gpu, MoePath path) {
-  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
-  MLA_CHECK(backend != nullptr, "set_moe_path: backend '{}' is not the GPU backend", gpu.name());
-  backend->moe_state().path = path;
-}
-
-void set_moe_tc_k_split(ops::Backend& gpu, bool split) {
-  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
-  MLA_CHECK(backend != nullptr, "set_moe_tc_k_split: backend '{}' is not the GPU backend", gpu.name());
-  backend->moe_state().tc_k_split = split;
-}
-
+void set_moe_path(ops::Backend& gpu, MoePath path) { moe_state_of(gpu, "set_moe_path").path = path; }
+void set_moe_tc_k_split(ops::Backend& gpu, bool split) { moe_state_of(gpu, "set_moe_tc_k_split").tc_k_split = split; }
 void set_moe_tc_fused(ops::Backend& gpu, std::optional<bool> fused) {
-  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
-  MLA_CHECK(backend != nullptr, "set_moe_tc_fused: backend '{}' is not the GPU backend", gpu.name());
-  backend->moe_state().tc_fused = fused;
+  moe_state_of(gpu, "set_moe_tc_fused").tc_fused = fused;
 }
-
-void set_moe_tc_ring(ops::Backend& gpu, bool ring) {
-  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
-  MLA_CHECK(backend != nullptr, "set_moe_tc_ring: backend '{}' is not the GPU backend", gpu.name());
-  backend->moe_state().tc_ring = ring;
-}
-
-void set_moe_tc_probe(ops::Backend& gpu, bool probe) {
-  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
-  MLA_CHECK(backend != nullptr, "set_moe_tc_probe: backend '{}' is not the GPU backend", gpu.name());
-  backend->moe_state().tc_probe = probe;
-}
-
-bool moe_tc_last_ring(ops::Backend& gpu) {
-  auto* backend = dynamic_cast<GpuBackend*>(&gpu);
-  MLA_CHECK(backend != nullptr, "moe_tc_last_ring: backend '{}' is not the GPU backend", gpu.name());
-  return backend->moe_state().tc_last_ring;
-}
+void set_moe_tc_ring(ops::Backend& gpu, bool ring) { moe_state_of(gpu, "set_moe_tc_ring").tc_ring = ring; }
+void set_moe_tc_probe(ops::Backend& gpu, bool probe) { moe_state_of(gpu, "set_moe_tc_probe").tc_probe = probe; }
+bool moe_tc_last_ring(ops::Backend& gpu) { return moe_state_of(gpu, "moe_tc_last_ring").tc_last_ring; }
 
 void GpuBackend::moe_route(const TensorView& router_logits, const TensorView& bias, const ops::MoeRouting& routing,
                            const TensorView& topk_ids, const TensorView& topk_weights) {
