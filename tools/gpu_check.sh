@@ -74,11 +74,14 @@ if [ "$mode" != --e2e ] && [ "$mode" != --e2e-model ]; then
   if [ $rc -gt 1 ]; then
     # A crash or hang ends the binary early: run each suite alone so the others still report.
     echo "mlaserve_gpu_tests: $(verdict $rc); rerunning suite by suite" | tee -a "$out/gpu_tests.log"
-    for suite in $("$tests" --gtest_list_tests 2>/dev/null | grep -E '^[A-Za-z]' | tr -d '.'); do
-      timeout -k 10 120 "$tests" --gtest_color=no --gtest_filter="$suite.*" >"$out/gpu_tests_$suite.log" 2>&1
+    # Suite lines of --gtest_list_tests end in '.' (parameterized ones hold a '/': Fixtures/GoldenGpu);
+    # the binary's exit summary (parity table) prints other lines, which are not suites.
+    for suite in $("$tests" --gtest_list_tests 2>/dev/null | grep -E '^[A-Za-z_][A-Za-z0-9_/]*\.$' | tr -d '.'); do
+      log="gpu_tests_${suite//\//_}.log"
+      timeout -k 10 120 "$tests" --gtest_color=no --gtest_filter="$suite.*" >"$out/$log" 2>&1
       src=$?
       echo "suite $suite: $(verdict $src)" | tee -a "$out/gpu_tests.log"
-      [ $src -eq 0 ] || record "tests: $suite" "$(verdict $src)" "see gpu_tests_$suite.log"
+      [ $src -eq 0 ] || record "tests: $suite" "$(verdict $src)" "see $log"
     done
   fi
   # The harness's per-op table and gtest's verdict lines are the summary kept beside the full log.
