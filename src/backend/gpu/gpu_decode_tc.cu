@@ -540,7 +540,6 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   constexpr int kChunkK = int(chunk_k(F));
   constexpr int kBVec = kChunkK / 32;          // uint4 of 16-bit activations per lane per chunk
   constexpr int kRowUnit = kFp8 ? 1 : 4;       // bytes per data_stride unit
-  constexpr int kPass = pass_cols(F);
   constexpr int kAux = aux_per_chunk(F);
   extern __shared__ __align__(128) unsigned char moe_tc_smem[];
   __shared__ unsigned s_klast;  // K split: this CTA is its tile's second to finish
@@ -557,6 +556,22 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   wsel[0] = kGateUp ? &ex.gate : &ex.down;
   if constexpr (kMats > 1) wsel[1] = &ex.up;
   const int begin = plan.offsets[e], end = plan.offsets[e + 1];
+  // Passes of stage_cols = min(tokens, pass_cols(F)) columns: the staging holds that many. An expert has at
+  // most `tokens` pairs unless a token names it twice (ids the routing never produces; the op then
+  // sums both, as the CPU does): it then takes more passes than the host planned for. A K split needs
+  // one pass, so such an expert's tile is computed whole by its z = 0 CTA (the same bits: the two K
+  // halves are summed apart either way), and the z = 1 CTA leaves at once (after the wait that the
+  // CTA's first item owes the previous grid).
+  if (kz == 2 && end - begin > stage_cols) {
+    if (z == 1) {
+      if (first) {
+        pdl_wait();
+        pdl_trigger();
+      }
+      return;
+    }
+    kz = 1;
+  }
   const int64_t c_end = k_dim / kChunkK;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t row0 = int64_t(tile_y) * kCtaRows + warp * kTileM;
@@ -627,7 +642,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
     }
     policy = mma::l2_evict_first_policy();
     ring_per_pass = int((c_hi - c_lo) / kRingChunks);
-    ring_stages = ((end - begin + kPass - 1) / kPass) * ring_per_pass;
+    ring_stages = ((end - begin + stage_cols - 1) / stage_cols) * ring_per_pass;
   }
   // Issues stage q of the item into its slot (uniform per warp; nothing past the item's last stage).
   [[maybe_unused]] auto ring_issue = [&](int q) {
@@ -664,8 +679,8 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   }
   bool burst_ready = true;
 
-  for (int p0 = begin; p0 < end; p0 += kPass) {  // uniform per CTA (same expert)
-    const int ncols = min(kPass, end - p0);
+  for (int p0 = begin; p0 < end; p0 += stage_cols) {  // uniform per CTA (same expert)
+    const int ncols = min(stage_cols, end - p0);
     // FP8: the C fragment; INT4: [0], [1] = rows g, g + 8 of token t / 2 (half its groups). acc_lo:
     // the first K half's sums once the second half starts.
     float acc[kMats][4], acc_lo[kMats][4];
@@ -786,7 +801,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
       }
     }
     if (kz == 2) {
-      // K split (one pass only: the host splits only when every expert has <= kPass pairs): publish
+      // K split (one pass only: see the check at the top): publish
       // this half's sums, and the tile's second CTA to arrive adds them in half order.
       const size_t tile_id = size_t(slot) * size_t(tiles_per_slot) + size_t(tile_y);
       float* mine = out.k_part + (tile_id * 2 + size_t(z)) * (kMats * 4 * kThreads) + tid;
