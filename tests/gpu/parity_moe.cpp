@@ -438,6 +438,56 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16FusedBitIdentical) {
   }
 }
 
+// The fused grid builds its own routing plan in shared memory from the ids where a call has at most
+// gpu::kGridPlanMaxPairs pairs (no plan kernel runs); the two-grid path runs the plan kernel. Both
+// must give the same bits on ids the routing never produces but a caller may pass: ids outside
+// [0, E) (-1, E, 2^30) and experts not held by this rank, which contribute nothing; one expert
+// repeated in a token's top-k (summed twice, as on the CPU: the expert then has more pairs than
+// there are tokens, more passes than the host planned, and its tile no K split) and shared by every
+// token. Sizes: 16 and 32 pairs (the grid's plan; T = 2 and 4 take the K split), 33 and 72 (the
+// plan kernel's, in the fused grid too).
+TEST(GpuParityMoe, TensorCoreDecodeFusedOwnPlanOddIds) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  std::mt19937 rng(7750);
+  for (const WeightKind kind : {WeightKind::FP8, WeightKind::INT4_BF16}) {
+    const int64_t hidden = 256, inter = 128, experts = 12;
+    const auto set = make_experts(rng, kind, experts, hidden, inter, 4);  // 4 experts not held
+    struct Case {
+      int64_t tokens;
+      int top_k;
+    };
+    for (const Case c : {Case{2, 8}, Case{4, 8}, Case{11, 3}, Case{9, 8}}) {  // 16, 32, 33, 72 pairs
+      std::vector<int32_t> id_values(size_t(c.tokens * c.top_k));
+      std::uniform_int_distribution<int32_t> pick(0, int32_t(experts) - 1);
+      for (size_t i = 0; i < id_values.size(); ++i) id_values[i] = pick(rng);
+      const int32_t odd[] = {-1, int32_t(experts), 1 << 30};
+      for (size_t i = 0; i < id_values.size(); i += 7) id_values[i] = odd[(i / 7) % 3];
+      for (int64_t t = 0; t < c.tokens; ++t) id_values[size_t(t * c.top_k + 1)] = 3;  // every token: expert 3
+      id_values[0] = id_values[1];                                                     // token 0: expert 3 twice
+      const Twin ids = twin_from_ints(id_values, {c.tokens, int64_t(c.top_k)});
+      const Twin x = twin_random(rng, DType::F32, {c.tokens, hidden});
+      const Twin weights = twin_random(rng, DType::F32, {c.tokens, int64_t(c.top_k)}, 0.05f, 1.0f);
+      auto run = [&](bool fused) {
+        const Twin out = twin_output(DType::F32, {c.tokens, hidden});
+        gpu::set_moe_tc_fused(*be, fused);
+        be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);
+        be->synchronize();
+        gpu::set_moe_tc_fused(*be, std::nullopt);
+        return gpu_values(out);
+      };
+      const std::vector<float> two = run(false), fused = run(true), again = run(true);
+      const std::string name = fmt::format("{} T{} k{}", weight_kind_name(kind), c.tokens, c.top_k);
+      EXPECT_EQ(std::memcmp(fused.data(), two.data(), fused.size() * sizeof(float)), 0)
+          << name << ": fused grid (own plan) and two grids differ";
+      EXPECT_EQ(std::memcmp(again.data(), two.data(), again.size() * sizeof(float)), 0) << name << ": second call";
+      float peak = 0.0f;
+      for (float v : two) peak = std::max(peak, std::abs(v));
+      EXPECT_GT(peak, 0.0f) << name << ": every output zero (nothing was computed)";
+    }
+  }
+}
+
 // The INT4 weight rings (per-warp shared-memory stages filled by the copy engine) read the same
 // fragments in the same chunk order as the register bursts, so both must give the same bits, in
 // the two grids and in the fused grid: 8 gate/up and 4 down tiles and one stage per gate/up K half (256 x 512,

@@ -555,7 +555,8 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   const DeviceWeight* wsel[kMats];
   wsel[0] = kGateUp ? &ex.gate : &ex.down;
   if constexpr (kMats > 1) wsel[1] = &ex.up;
-  const int begin = plan.offsets[e], end = plan.offsets[e + 1];
+  const int begin = plan.slot_offsets ? plan.slot_offsets[slot] : plan.offsets[e];
+  const int end = plan.slot_offsets ? plan.slot_offsets[slot + 1] : plan.offsets[e + 1];
   // Passes of stage_cols = min(tokens, pass_cols(F)) columns: the staging holds that many. An expert has at
   // most `tokens` pairs unless a token names it twice (ids the routing never produces; the op then
   // sums both, as the CPU does): it then takes more passes than the host planned for. A K split needs
@@ -864,6 +865,69 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
                                  int(gridDim.y), true, TcDeps{}, ring_maps, ring);
 }
 
+// The fused grid's own routing plan (MoeTcArgs::grid_plan): every CTA builds it in shared memory
+// from the ids, so no plan kernel runs before the grid: one kernel and its boundary fewer on the
+// decode step's critical path. The same plan as moe_plan_kernel's where it matters: held experts
+// with a pair, ascending, as the slots; a slot's pairs contiguous in `sorted` (here in pair order;
+// the plan kernel's order inside an expert may differ, which changes no bits: every column of a
+// pass is computed on its own). Each of the first `pairs` threads ranks its pair against all others
+// (O(pairs) shared-memory reads each, pairs <= kGridPlanMaxPairs).
+// The ids are complete when the grid starts: they were written before the grid's predecessor (the
+// prep kernel) started, so the CTA reads them before pdl_wait, as it reads the weights.
+static_assert(kThreads >= kGridPlanMaxPairs, "one thread per pair");
+struct GridPlan {
+  int32_t expert[kGridPlanMaxPairs];  // pair p's expert, -1 where not held (or out of range)
+  int32_t first[kGridPlanMaxPairs];   // 1 where p is its expert's first pair
+  int32_t active[kGridPlanMaxPairs];
+  int32_t slot_offsets[kGridPlanMaxPairs + 1];
+  int32_t sorted[kGridPlanMaxPairs];
+  int32_t count[2];                   // active slots, held pairs
+};
+__device__ __forceinline__ moe::Plan build_grid_plan(const MoeGridPlanArgs& a, GridPlan& s) {
+  const int tid = int(threadIdx.x);
+  int e = -1;
+  if (tid < a.pairs) {
+    const int id = a.ids[int64_t(tid / a.top_k) * a.ids_stride + tid % a.top_k];
+    if (id >= 0 && id < a.num_experts && a.table[id].gate.data != nullptr) e = id;
+    s.expert[tid] = e;
+  }
+  if (tid < 2) s.count[tid] = 0;
+  __syncthreads();
+  int rank = 0;
+  if (e >= 0) {
+    bool first = true;
+    for (int u = 0; u < a.pairs; ++u) {
+      const int eu = s.expert[u];
+      const bool before = eu >= 0 && (eu < e || (eu == e && u < tid));
+      rank += before ? 1 : 0;
+      first = first && !(eu == e && u < tid);
+    }
+    s.first[tid] = first ? 1 : 0;
+    s.sorted[rank] = tid;
+    atomicAdd(&s.count[1], 1);  // a sum: the same whatever the order
+  }
+  __syncthreads();
+  if (e >= 0 && s.first[tid] != 0) {
+    int slot = 0;
+    for (int u = 0; u < a.pairs; ++u) {
+      const int eu = s.expert[u];
+      slot += eu >= 0 && eu < e && s.first[u] != 0 ? 1 : 0;
+    }
+    s.active[slot] = e;
+    s.slot_offsets[slot] = rank;
+    atomicAdd(&s.count[0], 1);
+  }
+  __syncthreads();
+  if (tid == 0) s.slot_offsets[s.count[0]] = s.count[1];
+  __syncthreads();
+  moe::Plan p{};
+  p.active = s.active;
+  p.sorted = s.sorted;
+  p.slot_offsets = s.slot_offsets;
+  p.counters = s.count;
+  return p;
+}
+
 // The fused grid's work queue (MoeTcArgs::queue; every counter zero between calls).
 struct TcQueue {
   unsigned* head;    // next item to take
@@ -886,17 +950,21 @@ struct TcQueue {
 // ahead, measured slower on an H100 at batch 1-8 and was dropped: docs/performance.md, session 19.)
 template <MoeFormat F, bool kRing, bool kProbe = false>
 __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
-    moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct x_act, TcAct h_act, int top_k,
-                        int64_t hidden, int64_t inter, TcOut o1, TcOut o2, int w1, int w2, int stage_cols, int kz,
-                        TcQueue q, const MoeRingMap* __restrict__ ring_maps, int ring_off) {
+    moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan_arg, MoeGridPlanArgs grid_plan,
+                        TcAct x_act, TcAct h_act, int top_k, int64_t hidden, int64_t inter, TcOut o1, TcOut o2, int w1,
+                        int w2, int stage_cols, int kz, TcQueue q, const MoeRingMap* __restrict__ ring_maps,
+                        int ring_off) {
   __shared__ unsigned s_item, s_last;
+  __shared__ GridPlan s_plan;
+  const moe::Plan plan = grid_plan.ids != nullptr ? build_grid_plan(grid_plan, s_plan) : plan_arg;  // uniform
   extern __shared__ __align__(128) unsigned char moe_tc_smem[];
   __shared__ uint64_t ring_bars[kRing ? kWarps * kRingMaxStages : 1];
   WarpRing ring;  // one ring per warp for all the CTA's items (the slots' phases carry over)
   if constexpr (kRing) ring = ring_init(moe_tc_smem + ring_off, ring_bars);
   const int tid = int(threadIdx.x);
   const unsigned ic = unsigned(inter / kCtaRows), hc = unsigned(hidden / kCtaRows);
-  const unsigned active = unsigned(plan.counters[0]);  // complete before the prep kernel started
+  // The plan kernel's plan was complete before the prep kernel started; the grid's own is built above.
+  const unsigned active = unsigned(plan.counters[0]);
   const unsigned gu_per_slot = ic * unsigned(kz), n_gu = active * gu_per_slot, total = n_gu + active * hc;
   if (tid == 0) s_item = atomicAdd(q.head, 1u);
   __syncthreads();
@@ -1021,8 +1089,8 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
         if (a.probe) kernel = moe_tc_fused_kernel<F, kRing, true>;
       if constexpr (kRing) opt_in_smem(kernel, smem_for(stage));
       mma::launch_maybe_pdl(kernel, dim3(unsigned(a.fused_ctas)), dim3(kThreads), smem_for(stage), true, stream,
-                            a.table, a.plan, x_act, h_act, a.top_k, a.hidden, a.inter, o1, o2, w1, w2, cols,
-                            ksplit ? 2 : 1, q, a.ring_maps, ring_offset(stage));
+                            a.table, a.plan, a.grid_plan, x_act, h_act, a.top_k, a.hidden, a.inter, o1, o2, w1, w2,
+                            cols, ksplit ? 2 : 1, q, a.ring_maps, ring_offset(stage));
       return;
     }
     // Two grids. K split of the INT4 gate/up pass (kKSplitMaxTiles): one pass per expert (an expert

@@ -619,9 +619,16 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   for (int64_t t0 = 0; t0 < num_tokens; t0 += chunk) {
     const int64_t tn = std::min(chunk, num_tokens - t0), pairs = tn * top_k;
     const int32_t* ids = topk_ids.at<const int32_t>(t0);
-    launch_maybe_pdl(moe_plan_kernel, dim3(1), dim3(moe_plan_threads(num_experts, pairs)), 0, true, stream(),
-        dev_table, int(num_experts), ids, topk_ids.stride[0], int(tn), int(top_k), plan);
-    MLA_GPU_LAUNCH_CHECK();
+    // The fused tensor-core grid builds its own plan from the ids where they are few (decode batches
+    // up to 4 at top-8): no plan kernel before it.
+    const bool fused_now = use_tc && pairs > 0 && fused_ctas > 0 &&
+                           moe_->tc_fused.value_or(moe_tc_fused_auto(table.format, tn, ring));
+    const bool grid_plan = fused_now && pairs <= kGridPlanMaxPairs;
+    if (!grid_plan) {
+      launch_maybe_pdl(moe_plan_kernel, dim3(1), dim3(moe_plan_threads(num_experts, pairs)), 0, true, stream(),
+                       dev_table, int(num_experts), ids, topk_ids.stride[0], int(tn), int(top_k), plan);
+      MLA_GPU_LAUNCH_CHECK();
+    }
     if (use_tc && pairs > 0) {
       MoeTcArgs a;
       a.table = dev_table;
@@ -637,7 +644,8 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
       a.scratch = tc_scratch;
       a.y = y;
       a.k_tickets = moe_->tc_k_split ? tc_tickets : nullptr;
-      a.fused_ctas = moe_->tc_fused.value_or(moe_tc_fused_auto(table.format, tn, ring)) ? fused_ctas : 0;
+      a.fused_ctas = fused_now ? fused_ctas : 0;
+      if (grid_plan) a.grid_plan = {ids, topk_ids.stride[0], int(num_experts), int(top_k), int(pairs), dev_table};
       a.queue = tc_tickets + max_slots * (inter / 64);
       a.ring_maps = ring ? static_cast<const MoeRingMap*>(table.ring_maps.data()) : nullptr;
       moe_->tc_last_ring = ring;

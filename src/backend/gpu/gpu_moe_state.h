@@ -42,6 +42,10 @@ struct Plan {
   int32_t* tile_expert;  // [max_tiles]: grouped-GEMM row tiles (expert, first sorted position)
   int32_t* tile_start;
   int32_t* counters;     // [0] active experts, [1] row tiles
+  // Non-null only in the fused tensor-core grid's own plan (moe_tc_fused_kernel, shared memory):
+  // the pairs of active slot j are sorted[slot_offsets[j] .. slot_offsets[j + 1]), and `offsets`
+  // and the tile arrays are not built.
+  int32_t* slot_offsets = nullptr;
 };
 }  // namespace moe
 
