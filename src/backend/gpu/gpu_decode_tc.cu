@@ -888,7 +888,7 @@ __device__ __forceinline__ moe::Plan build_grid_plan(const MoeGridPlanArgs& a, G
   int e = -1;
   if (tid < a.pairs) {
     const int id = a.ids[int64_t(tid / a.top_k) * a.ids_stride + tid % a.top_k];
-    if (id >= 0 && id < a.num_experts && a.table[id].gate.data != nullptr) e = id;
+    if (held(a.table, a.num_experts, id)) e = id;
     s.expert[tid] = e;
   }
   if (tid < 2) s.count[tid] = 0;

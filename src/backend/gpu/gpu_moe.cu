@@ -185,10 +185,6 @@ __global__ void __launch_bounds__(kRouteWarps * kWarpSize) moe_route_kernel(
 }
 
 // ---- routing plan -------------------------------------------------------------------------------
-__device__ __forceinline__ bool held(const DeviceExpert* table, int num_experts, int e) {
-  return e >= 0 && e < num_experts && table[e].gate.data != nullptr;
-}
-
 // One block: count pairs per held expert, scan (counts, grouped row tiles, active experts), scatter
 // pairs into expert order. All loops are sized by P = T * top_k and E, never by the ids' values.
 // Order inside an expert's segment depends on atomics, but every pair's result is computed

@@ -20,6 +20,11 @@ struct DeviceExpert {
   DeviceWeight gate, up, down;
   int32_t vec_gate_up = 0, vec_down = 0;
 };
+// Whether routed id `e` names an expert of this rank: in [0, E) and not a hole of the table (every
+// device reader of the ids asks this; other ids contribute nothing).
+__device__ __forceinline__ bool held(const DeviceExpert* table, int num_experts, int e) {
+  return e >= 0 && e < num_experts && table[e].gate.data != nullptr;
+}
 
 // One tensor map of the tensor-core decode's weight rings (a CUtensorMap: 128 opaque bytes the copy
 // engine reads); per expert: gate, up, down data, then gate, up, down INT4 scales (moe_tc_ring_maps).
