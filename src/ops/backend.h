@@ -204,7 +204,10 @@ class Backend {
                          const TensorView& topk_ids, const TensorView& topk_weights) = 0;
   // out[t] = sum_k topk_weights[t,k] * expert(topk_ids[t,k])(x[t]), accumulated in fp32.
   // x F32 [T, hidden]; out F32 [T, hidden], must not alias x. experts[e] is the weight set of global
-  // expert e; an expert with empty weights is not held by this rank and contributes 0.
+  // expert e; an expert with empty weights is not held by this rank and contributes 0, and so does
+  // an id outside [0, E) (a device backend cannot raise an error from inside the step without a host
+  // synchronisation, and expert parallelism marks experts routed elsewhere that way). A token that
+  // names one expert twice gets that expert's output once per slot, with each slot's weight.
   virtual void moe_experts(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                            std::span<const ExpertWeights> experts, const TensorView& out) = 0;
 

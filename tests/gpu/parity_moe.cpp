@@ -445,7 +445,8 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16FusedBitIdentical) {
 // repeated in a token's top-k (summed twice, as on the CPU: the expert then has more pairs than
 // there are tokens, more passes than the host planned, and its tile no K split) and shared by every
 // token. Sizes: 16 and 32 pairs (the grid's plan; T = 2 and 4 take the K split), 33 and 72 (the
-// plan kernel's, in the fused grid too).
+// plan kernel's, in the fused grid too). The fused result is also checked against the CPU
+// reference, which follows the same contract (ops::Backend::moe_experts).
 TEST(GpuParityMoe, TensorCoreDecodeFusedOwnPlanOddIds) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
@@ -474,10 +475,14 @@ TEST(GpuParityMoe, TensorCoreDecodeFusedOwnPlanOddIds) {
         be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);
         be->synchronize();
         gpu::set_moe_tc_fused(*be, std::nullopt);
-        return gpu_values(out);
+        return out;
       };
-      const std::vector<float> two = run(false), fused = run(true), again = run(true);
+      const Twin fused_out = run(true);
+      const std::vector<float> two = gpu_values(run(false)), fused = gpu_values(fused_out), again = gpu_values(run(true));
       const std::string name = fmt::format("{} T{} k{}", weight_kind_name(kind), c.tokens, c.top_k);
+      // The CPU reference under the same contract: odd ids contribute 0, a repeated id counts twice.
+      cpu_backend().moe_experts(x.cpu, ids.cpu, weights.cpu, set->cpu, fused_out.cpu);
+      EXPECT_TRUE(check_parity("moe_experts", name + " [fused grid, odd ids]", fused_out, tc_tol(kind)));
       EXPECT_EQ(std::memcmp(fused.data(), two.data(), fused.size() * sizeof(float)), 0)
           << name << ": fused grid (own plan) and two grids differ";
       EXPECT_EQ(std::memcmp(again.data(), two.data(), again.size() * sizeof(float)), 0) << name << ": second call";

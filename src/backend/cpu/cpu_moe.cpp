@@ -115,22 +115,22 @@ void CpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
   for (int64_t t = 0; t < num_tokens; ++t) std::fill_n(out.at<float>(t), hidden, 0.0f);
 
   // Counting sort of the (token, slot) pairs by expert: pairs of expert e are
-  // order[offsets[e] .. offsets[e+1]), in token order.
+  // order[offsets[e] .. offsets[e+1]), in token order. Ids outside [0, E) contribute 0 (the op's
+  // contract, as on the GPU): they take no place in the sort.
+  auto in_range = [&](int32_t e) { return e >= 0 && e < num_experts; };
   int32_t* offsets = grow(moe_offsets_, size_t(num_experts + 1));
   int32_t* order = grow(moe_order_, size_t(num_tokens * top_k));
   std::fill_n(offsets, num_experts + 1, 0);
   for (int64_t t = 0; t < num_tokens; ++t)
     for (int64_t k = 0; k < top_k; ++k) {
       const int32_t e = *topk_ids.at<const int32_t>(t, k);
-      MLA_CHECK(e >= 0 && e < num_experts, "moe_experts: expert id {} (token {}, slot {}) outside [0, {})", e, t, k,
-                num_experts);
-      ++offsets[e + 1];
+      if (in_range(e)) ++offsets[e + 1];
     }
   for (int64_t e = 0; e < num_experts; ++e) offsets[e + 1] += offsets[e];
   for (int64_t t = 0; t < num_tokens; ++t)
     for (int64_t k = 0; k < top_k; ++k) {
       const int32_t e = *topk_ids.at<const int32_t>(t, k);
-      order[offsets[e]++] = int32_t(t * top_k + k);
+      if (in_range(e)) order[offsets[e]++] = int32_t(t * top_k + k);
     }
   // The fill loop advanced offsets[e] to the end of expert e, i.e. the start of e+1: shift back.
   for (int64_t e = num_experts; e > 0; --e) offsets[e] = offsets[e - 1];
