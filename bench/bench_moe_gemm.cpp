@@ -184,19 +184,29 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       // The structure's ceiling (set_moe_tc_probe): the default INT4 path, the fused ring grid, with
       // its arithmetic skipped; timed per call like the row of record. What the row of record lacks
       // of it is the arithmetic's cost; what this row lacks of 100% is the kernels', the item
-      // boundaries' and the tail's. Only where the defaults ran the rings.
+      // boundaries' and the tail's. Then the gate/up items' and the down items' math skipped alone:
+      // where that cost sits. Only where the defaults ran the rings.
       if (kind == BenchWeight::INT4 && gpu::moe_tc_last_ring(*be)) {
-        gpu::set_moe_tc_fused(*be, true);
-        gpu::set_moe_tc_probe(*be, true);
-        const Measured m = measure(1);
-        gpu::set_moe_tc_probe(*be, false);
-        gpu::set_moe_tc_fused(*be, def.fused);
-        report.add({"moe_decode",
-                    fmt::format("{} experts {} top-{}, batch {}, 7168x2048 [no arithmetic: the structure's ceiling]",
-                                num_experts, bench_weight_name(kind), top_k, batch),
-                    m.ms, m.gbps, "GB/s", c.copy_gbps, "copy BW", 0.0,
-                    "fused ring grid, weights streamed, math skipped (outputs garbage)",
-                    fmt::format("{} b{} probe", bench_weight_name(kind), batch)});
+        struct Probe {
+          gpu::MoeTcProbe mode;
+          const char* label;
+          const char* key;
+        };
+        for (const Probe p : {Probe{gpu::MoeTcProbe::All, "no arithmetic: the structure's ceiling", "probe"},
+                              Probe{gpu::MoeTcProbe::GateUp, "gate/up math skipped", "probe gu"},
+                              Probe{gpu::MoeTcProbe::Down, "down math skipped", "probe down"}}) {
+          gpu::set_moe_tc_fused(*be, true);
+          gpu::set_moe_tc_probe(*be, p.mode);
+          const Measured m = measure(1);
+          gpu::set_moe_tc_probe(*be, gpu::MoeTcProbe::Off);
+          gpu::set_moe_tc_fused(*be, def.fused);
+          report.add({"moe_decode",
+                      fmt::format("{} experts {} top-{}, batch {}, 7168x2048 [{}]", num_experts,
+                                  bench_weight_name(kind), top_k, batch, p.label),
+                      m.ms, m.gbps, "GB/s", c.copy_gbps, "copy BW", 0.0,
+                      "fused ring grid, weights streamed, math skipped (outputs garbage)",
+                      fmt::format("{} b{} {}", bench_weight_name(kind), batch, p.key)});
+        }
       }
     }
   }

@@ -567,14 +567,14 @@ TEST(GpuParityMoe, TensorCoreDecodeProbeLeavesQueueClean) {
     const Twin ids = random_ids(rng, tokens, num_experts, top_k);
     const Twin weights = twin_random(rng, DType::F32, {tokens, top_k}, 0.05f, 1.0f);
     gpu::set_moe_tc_fused(*be, true);
-    gpu::set_moe_tc_probe(*be, true);
+    gpu::set_moe_tc_probe(*be, gpu::MoeTcProbe::All);
     for (int rep = 0; rep < 2; ++rep) {
       const Twin garbage = twin_output(DType::F32, {tokens, hidden});
       be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, garbage.gpu);
       be->synchronize();
       EXPECT_TRUE(gpu::moe_tc_last_ring(*be)) << "the probe ran without the rings";
     }
-    gpu::set_moe_tc_probe(*be, false);
+    gpu::set_moe_tc_probe(*be, gpu::MoeTcProbe::Off);
     const Twin out = twin_output(DType::F32, {tokens, hidden});
     be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);
     be->synchronize();

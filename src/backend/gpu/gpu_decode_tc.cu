@@ -948,7 +948,9 @@ struct TcQueue {
 // round trip hides behind the item); the last CTA out zeroes the queue for the next call. (Streaming
 // a CTA's next item into its weight rings while an item ends, with the ticket taken one or two items
 // ahead, measured slower on an H100 at batch 1-8 and was dropped: docs/performance.md, session 19.)
-template <MoeFormat F, bool kRing, bool kProbe = false>
+// kProbe (bench only, MoeTcArgs::probe): bit 0 skips the gate/up items' arithmetic, bit 1 the down
+// items'.
+template <MoeFormat F, bool kRing, int kProbe = 0>
 __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
     moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan_arg, MoeGridPlanArgs grid_plan,
                         TcAct x_act, TcAct h_act, int top_k, int64_t hidden, int64_t inter, TcOut o1, TcOut o2, int w1,
@@ -977,14 +979,14 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
       const int slot = int(item / gu_per_slot), r = int(item % gu_per_slot);
       TcDeps d;
       d.h_written = q.done + slot;
-      moe_tc_tile<F, true, kRing, kProbe>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz,
+      moe_tc_tile<F, true, kRing, (kProbe & 1) != 0>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz,
                                           r % kz, kz, int(ic), first, d, ring_maps, ring);
     } else {
       const int slot = int((item - n_gu) / hc), y = int((item - n_gu) % hc);
       TcDeps d;
       d.h_ready = q.done + slot;
       d.h_tiles = ic;
-      moe_tc_tile<F, false, kRing, kProbe>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y, 0, 1,
+      moe_tc_tile<F, false, kRing, (kProbe & 2) != 0>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y, 0, 1,
                                            int(hc), first, d, ring_maps, ring);
     }
     first = false;
@@ -1085,8 +1087,11 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
       const TcQueue q{a.queue, a.queue + 1, a.queue + 2, a.slots};
       const size_t stage = std::max(moe_stage(F, w1, cols).bytes, moe_stage(F, w2, cols).bytes);
       auto kernel = moe_tc_fused_kernel<F, kRing>;
-      if constexpr (kRing && !kFp8)
-        if (a.probe) kernel = moe_tc_fused_kernel<F, kRing, true>;
+      if constexpr (kRing && !kFp8) {
+        if (a.probe == 1) kernel = moe_tc_fused_kernel<F, kRing, 1>;
+        if (a.probe == 2) kernel = moe_tc_fused_kernel<F, kRing, 2>;
+        if (a.probe == 3) kernel = moe_tc_fused_kernel<F, kRing, 3>;
+      }
       if constexpr (kRing) opt_in_smem(kernel, smem_for(stage));
       mma::launch_maybe_pdl(kernel, dim3(unsigned(a.fused_ctas)), dim3(kThreads), smem_for(stage), true, stream,
                             a.table, a.plan, a.grid_plan, x_act, h_act, a.top_k, a.hidden, a.inter, o1, o2, w1, w2,

@@ -59,8 +59,9 @@ struct MoeTcArgs {
   const MoeRingMap* ring_maps = nullptr;
   // fused_ctas > 0 only: the grid builds its plan itself (see MoeGridPlanArgs).
   MoeGridPlanArgs grid_plan;
-  // Bench only (set_moe_tc_probe; needs fused_ctas > 0 and ring_maps): skip the arithmetic.
-  bool probe = false;
+  // Bench only (set_moe_tc_probe; needs fused_ctas > 0 and ring_maps): skip the arithmetic of the
+  // gate/up items (bit 0) and of the down items (bit 1).
+  int probe = 0;
 };
 
 bool moe_tc_shape_ok(MoeFormat format, int64_t hidden, int64_t inter);

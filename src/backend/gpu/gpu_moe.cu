@@ -493,7 +493,9 @@ void set_moe_tc_fused(ops::Backend& gpu, std::optional<bool> fused) {
   moe_state_of(gpu, "set_moe_tc_fused").tc_fused = fused;
 }
 void set_moe_tc_ring(ops::Backend& gpu, bool ring) { moe_state_of(gpu, "set_moe_tc_ring").tc_ring = ring; }
-void set_moe_tc_probe(ops::Backend& gpu, bool probe) { moe_state_of(gpu, "set_moe_tc_probe").tc_probe = probe; }
+void set_moe_tc_probe(ops::Backend& gpu, MoeTcProbe probe) {
+  moe_state_of(gpu, "set_moe_tc_probe").tc_probe = int(probe);
+}
 bool moe_tc_last_ring(ops::Backend& gpu) { return moe_state_of(gpu, "moe_tc_last_ring").tc_last_ring; }
 
 void GpuBackend::moe_route(const TensorView& router_logits, const TensorView& bias, const ops::MoeRouting& routing,
@@ -646,7 +648,7 @@ void GpuBackend::moe_experts(const TensorView& x, const TensorView& topk_ids, co
       a.ring_maps = ring ? static_cast<const MoeRingMap*>(table.ring_maps.data()) : nullptr;
       moe_->tc_last_ring = ring;
       a.probe = moe_->tc_probe;
-      MLA_CHECK(!a.probe || (ring && a.fused_ctas > 0),
+      MLA_CHECK(a.probe == 0 || (ring && a.fused_ctas > 0),
                 "set_moe_tc_probe: this call runs no fused ring grid (format, device or set_moe_tc_fused)");
       moe_tc_launch(table.format, a, stream());
     } else if (inter > 0 && pairs > 0) {

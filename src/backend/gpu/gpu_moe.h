@@ -32,10 +32,12 @@ void set_moe_tc_ring(ops::Backend& gpu, bool ring);
 // Whether the last tensor-core decode call of `gpu` streamed its weights through the rings (tests).
 bool moe_tc_last_ring(ops::Backend& gpu);
 
-// Bench knob (outputs are garbage while it is on): true runs the fused ring grid with every weight
-// byte streamed through the same queue, items and rings but the arithmetic skipped, so its time is
-// the structure's ceiling (kernels, item boundaries, tail) with free math. A call that would not run
-// the fused ring grid fails its check. Default false.
-void set_moe_tc_probe(ops::Backend& gpu, bool probe);
+// Bench knob (outputs are garbage while it is on): anything but Off runs the fused ring grid with
+// every weight byte streamed through the same queue, items and rings but the arithmetic of the named
+// items skipped (All: the structure's ceiling, kernels, item boundaries and tail with free math;
+// GateUp or Down: what one kind's math costs). A call that would not run the fused ring grid fails
+// its check. Default Off. The values are bits: GateUp | Down == All.
+enum class MoeTcProbe : int { Off = 0, GateUp = 1, Down = 2, All = 3 };
+void set_moe_tc_probe(ops::Backend& gpu, MoeTcProbe probe);
 
 }  // namespace mla::gpu

@@ -77,7 +77,7 @@ struct MoeState {
   std::optional<bool> tc_fused;       // set_moe_tc_fused; unset: moe_tc_fused_auto decides per call
   bool tc_ring = true;                // set_moe_tc_ring: the weight rings where moe_tc_ring_ok allows them
   bool tc_last_ring = false;          // the last tensor-core decode call ran the rings (moe_tc_last_ring)
-  bool tc_probe = false;              // set_moe_tc_probe: the fused ring grid without its arithmetic
+  int tc_probe = 0;                   // set_moe_tc_probe (MoeTcProbe's bits): the fused ring grid without its arithmetic
   int tc_device = -1;                 // 1: the mma.sync decode path runs on this device, 0: not, -1: unprobed
   // moe_tc_fused_grid of this device: [FP8 / I4_BF16][register bursts / rings]; 0: not yet asked.
   int tc_fused_grid[2][2] = {{0, 0}, {0, 0}};
