@@ -979,15 +979,15 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
       const int slot = int(item / gu_per_slot), r = int(item % gu_per_slot);
       TcDeps d;
       d.h_written = q.done + slot;
-      moe_tc_tile<F, true, kRing, (kProbe & 1) != 0>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz,
-                                          r % kz, kz, int(ic), first, d, ring_maps, ring);
+      moe_tc_tile<F, true, kRing, (kProbe & 1) != 0>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot,
+                                                     r / kz, r % kz, kz, int(ic), first, d, ring_maps, ring);
     } else {
       const int slot = int((item - n_gu) / hc), y = int((item - n_gu) % hc);
       TcDeps d;
       d.h_ready = q.done + slot;
       d.h_tiles = ic;
-      moe_tc_tile<F, false, kRing, (kProbe & 2) != 0>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y, 0, 1,
-                                           int(hc), first, d, ring_maps, ring);
+      moe_tc_tile<F, false, kRing, (kProbe & 2) != 0>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y,
+                                                      0, 1, int(hc), first, d, ring_maps, ring);
     }
     first = false;
     if (tid == 0) s_item = next;  // every thread read s_item before the tile's barriers
