@@ -150,7 +150,7 @@ std::unique_ptr<ExpertSet> make_experts(std::mt19937& rng, WeightKind kind, int6
 
 // Distinct experts per token (like the router), drawn at random, so small E repeats experts across
 // tokens and large T puts many tokens on one expert.
-Twin random_ids(std::mt19937& rng, int64_t tokens, int64_t num_experts, int top_k) {
+std::vector<int32_t> draw_ids(std::mt19937& rng, int64_t tokens, int64_t num_experts, int top_k) {
   std::vector<int32_t> ids;
   std::vector<int32_t> perm(static_cast<size_t>(num_experts));
   for (int64_t t = 0; t < tokens; ++t) {
@@ -158,6 +158,20 @@ Twin random_ids(std::mt19937& rng, int64_t tokens, int64_t num_experts, int top_
     std::shuffle(perm.begin(), perm.end(), rng);
     ids.insert(ids.end(), perm.begin(), perm.begin() + top_k);
   }
+  return ids;
+}
+Twin random_ids(std::mt19937& rng, int64_t tokens, int64_t num_experts, int top_k) {
+  return twin_from_ints(draw_ids(rng, tokens, num_experts, top_k), {tokens, top_k});
+}
+
+// draw_ids plus ids the routing never produces but a caller may pass, which the op's contract
+// (ops::Backend::moe_experts) covers: -1, E and 2^30 in every fifth slot (they contribute 0), and
+// token 0 naming one expert in its first two slots (that expert counts twice). top_k >= 2.
+Twin odd_ids(std::mt19937& rng, int64_t tokens, int64_t num_experts, int top_k) {
+  std::vector<int32_t> ids = draw_ids(rng, tokens, num_experts, top_k);
+  const int32_t odd[] = {-1, int32_t(num_experts), 1 << 30};
+  for (size_t i = 2; i < ids.size(); i += 5) ids[i] = odd[(i / 5) % 3];
+  ids[1] = ids[0];
   return twin_from_ints(ids, {tokens, top_k});
 }
 
@@ -167,14 +181,16 @@ Tolerance exact_tol(const ExpertSet& set) {
 }
 
 // Runs moe_experts on the CPU and on `gpu` (a GPU backend) with the MoE path forced to `path`.
+// odd: the ids of odd_ids instead of random_ids.
 void check_experts_on(ops::Backend& gpu, const ExpertSet& set, WeightKind kind, gpu::MoePath path, int64_t tokens,
-                      int top_k, bool strided, uint32_t seed, const Tolerance& tol, const char* tag) {
+                      int top_k, bool strided, uint32_t seed, const Tolerance& tol, const char* tag,
+                      bool odd = false) {
   std::mt19937 rng(seed);
   const int64_t h = set.hidden, num_experts = int64_t(set.cpu.size());
   // Strided cases: x and out are column slices of wider buffers (rows not 16-byte aligned).
   const Twin x_buf = twin_random(rng, DType::F32, {tokens, h + (strided ? 3 : 0)});
   const Twin x = strided ? x_buf.slice(1, 1, h) : x_buf;
-  const Twin ids = random_ids(rng, tokens, num_experts, top_k);
+  const Twin ids = odd ? odd_ids(rng, tokens, num_experts, top_k) : random_ids(rng, tokens, num_experts, top_k);
   const Twin weights = twin_random(rng, DType::F32, {tokens, top_k}, 0.05f, 1.0f);
   const Twin out_buf = twin_output(DType::F32, {tokens, h + (strided ? 5 : 0)});
   const Twin out = strided ? out_buf.slice(1, 2, h) : out_buf;
@@ -277,6 +293,30 @@ std::unique_ptr<ops::Backend> make_bf16_backend() {
   auto made = gpu::make_gpu_backend({.gemm_precision = gpu::GemmPrecision::Bf16});
   EXPECT_TRUE(made.is_ok()) << made.status().message();
   return made.is_ok() ? std::move(made).value() : nullptr;
+}
+
+// The op's contract on odd ids (ops::Backend::moe_experts: ids outside [0, E) contribute 0, a token
+// naming one expert twice gets it twice) on every GPU path, against the CPU under the same
+// contract: the fp32 decode and grouped kernels for every format, and in Bf16 precision the
+// tensor-core decode (FP8 and INT4; FP8 takes the fused grid from T = 2) and grouped kernels (every
+// format); 4 of 12 experts not held.
+TEST(GpuParityMoe, ExpertsOddIdsEveryPath) {
+  std::unique_ptr<ops::Backend> bf16 = make_bf16_backend();
+  ASSERT_TRUE(bf16);
+  uint32_t seed = 9100;
+  for (WeightKind kind : kKinds) {
+    std::mt19937 rng(seed++);
+    const auto set = make_experts(rng, kind, 12, 256, 128, 4);
+    for (int64_t t : {int64_t(3), int64_t(9)}) {
+      for (gpu::MoePath path : kPaths)
+        check_experts_on(gpu_backend(), *set, kind, path, t, 4, false, seed++, exact_tol(*set), " odd ids", true);
+      if (kind != WeightKind::BF16)
+        check_experts_on(*bf16, *set, kind, gpu::MoePath::Decode, t, 4, false, seed++, tc_tol(kind),
+                         " odd ids [bf16 tc]", true);
+      check_experts_on(*bf16, *set, kind, gpu::MoePath::Grouped, t, 4, false, seed++, grouped_tc_tol(),
+                       " odd ids [bf16 grouped tc]", true);
+    }
+  }
 }
 
 // Shapes the kernel takes (FP8: H, I % 64; INT4: % 128): a single 64-row CTA and K chunks fewer than
