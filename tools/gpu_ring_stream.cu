@@ -226,41 +226,33 @@ int main() {
     std::printf("no tensor-map encoder\n");
     return 1;
   }
+  // A tensor map over bytes: one [rows][row_bytes] matrix (rank 2) or two of them mat_bytes apart
+  // (rank 3: gate + up), read in boxes of `box` bytes x kRows rows (x both matrices).
+  auto encode_map = [&](CUtensorMap* out, void* base, int rank, int64_t row_bytes, int64_t rows, size_t mat_bytes,
+                        int box, bool promote) {
+    const cuuint64_t dim[3] = {cuuint64_t(row_bytes), cuuint64_t(rows), 2};
+    const cuuint64_t stride[2] = {cuuint64_t(row_bytes), cuuint64_t(mat_bytes)};
+    const cuuint32_t boxd[3] = {cuuint32_t(box), cuuint32_t(kRows), 2}, es[3] = {1, 1, 1};
+    if (encode(out, CU_TENSOR_MAP_DATA_TYPE_UINT8, cuuint32_t(rank), base, dim, stride, boxd, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+               promote ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+      std::printf("tensor map encode failed (rank %d, %lld B rows, box %d)\n", rank, (long long)row_bytes, box);
+      std::exit(1);
+    }
+  };
   // Maps per data box width (the scale box is w / 8 wide).
   auto build_maps = [&](int w, bool promote) {
     std::vector<Maps> maps(kPool);
-    for (int e = 0; e < kPool; ++e)
+    for (int e = 0; e < kPool; ++e) {
       for (int m = 0; m < 3; ++m) {
         const int64_t rows = m < 2 ? kInter : kHidden, k = m < 2 ? kHidden : kInter;
-        auto make = [&](CUtensorMap* out, void* base, int64_t row_bytes, int box) {
-          const cuuint64_t dim[2] = {cuuint64_t(row_bytes), cuuint64_t(rows)}, stride[1] = {cuuint64_t(row_bytes)};
-          const cuuint32_t boxd[2] = {cuuint32_t(box), cuuint32_t(kRows)}, es[2] = {1, 1};
-          if (encode(out, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dim, stride, boxd, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                     CU_TENSOR_MAP_SWIZZLE_NONE,
-                     promote ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-            std::printf("encode failed\n");
-            std::exit(1);
-          }
-        };
-        make(&maps[e].m[m], data[e * 3 + m], k / 2, w);
-        make(&maps[e].m[3 + m], scale[e * 3 + m], k / 16, w / 8);
+        encode_map(&maps[e].m[m], data[e * 3 + m], 2, k / 2, rows, 0, w, promote);
+        encode_map(&maps[e].m[3 + m], scale[e * 3 + m], 2, k / 16, rows, 0, w / 8, promote);
       }
-    for (int e = 0; e < kPool; ++e) {  // gate + up: [2][inter][hidden / 2] and [2][inter][hidden / 16]
-      auto make3 = [&](CUtensorMap* out, void* base, int64_t row_bytes, size_t mat_bytes, int box) {
-        const cuuint64_t dim[3] = {cuuint64_t(row_bytes), cuuint64_t(kInter), 2};
-        const cuuint64_t stride[2] = {cuuint64_t(row_bytes), cuuint64_t(mat_bytes)};
-        const cuuint32_t boxd[3] = {cuuint32_t(box), cuuint32_t(kRows), 2}, es[3] = {1, 1, 1};
-        if (encode(out, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, base, dim, stride, boxd, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                   CU_TENSOR_MAP_SWIZZLE_NONE,
-                   promote ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE,
-                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-          std::printf("encode (3-D) failed\n");
-          std::exit(1);
-        }
-      };
-      make3(&maps[e].m[6], gu_pair[e], kHidden / 2, gu_bytes, w);
-      make3(&maps[e].m[7], gu_pair_s[e], kHidden / 16, gu_s, w / 8);
+      // gate + up: [2][inter][hidden / 2] and [2][inter][hidden / 16]
+      encode_map(&maps[e].m[6], gu_pair[e], 3, kHidden / 2, kInter, gu_bytes, w, promote);
+      encode_map(&maps[e].m[7], gu_pair_s[e], 3, kHidden / 16, kInter, gu_s, w / 8, promote);
     }
     Maps* d = nullptr;
     CK(cudaMalloc(&d, sizeof(Maps) * kPool));
