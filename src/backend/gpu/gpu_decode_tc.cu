@@ -802,8 +802,8 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
       }
     }
     if (kz == 2) {
-      // K split (one pass only: see the check at the top): publish
-      // this half's sums, and the tile's second CTA to arrive adds them in half order.
+      // K split (one pass only: see the check at the top): publish this half's sums, and the tile's
+      // second CTA to arrive adds them in half order.
       const size_t tile_id = size_t(slot) * size_t(tiles_per_slot) + size_t(tile_y);
       float* mine = out.k_part + (tile_id * 2 + size_t(z)) * (kMats * 4 * kThreads) + tid;
 #pragma unroll
