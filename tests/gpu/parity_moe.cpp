@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -123,8 +124,11 @@ struct ExpertSet {
   int64_t hidden = 0, inter = 0;
 };
 
+// tweak (optional) edits each held expert's host weights (matrix 0 gate, 1 up, 2 down) before the GPU
+// copies are placed.
+using WeightTweak = std::function<void(TestWeight&, int)>;
 std::unique_ptr<ExpertSet> make_experts(std::mt19937& rng, WeightKind kind, int64_t num_experts, int64_t hidden,
-                                        int64_t inter, int hole) {
+                                        int64_t inter, int hole, const WeightTweak& tweak = {}) {
   auto set = std::make_unique<ExpertSet>();
   set->hidden = hidden;
   set->inter = inter;
@@ -142,6 +146,12 @@ std::unique_ptr<ExpertSet> make_experts(std::mt19937& rng, WeightKind kind, int6
     make_twin_weight(*w[0], rng, kind, inter, hidden, amp_in);
     make_twin_weight(*w[1], rng, kind, inter, hidden, amp_in);
     make_twin_weight(*w[2], rng, kind, hidden, inter, amp_down);
+    if (tweak)
+      for (int m = 0; m < 3; ++m) {
+        tweak(w[m]->host, m);  // the CPU views point at these host bytes
+        w[m]->gpu.data = gpu_backend().place_weight(w[m]->host.w.data);
+        if (w[m]->host.w.scale.data) w[m]->gpu.scale = gpu_backend().place_weight(w[m]->host.w.scale);
+      }
     set->cpu[size_t(e)] = ops::ExpertWeights{w[0]->cpu, w[1]->cpu, w[2]->cpu};
     set->gpu[size_t(e)] = ops::ExpertWeights{w[0]->gpu, w[1]->gpu, w[2]->gpu};
   }
@@ -265,19 +275,21 @@ TEST(GpuParityMoe, ExpertsDeepSeekShape) {
 }
 
 // ---- GemmPrecision::Bf16: the tensor-core decode path (gpu_decode_tc.h) ------------------------
-// Error basis: weights are exact (fp8 -> f16; bf16(q s) for INT4, weight_at's value); each GEMM's
-// activations (x for gate/up, h = silu(g) u for down) are rounded once, relative error <= u: f16
-// after a power-of-two scale per 64-k chunk (FP8, u = 2^-11), bf16 (INT4, u = 2^-8). With |x| < 1 and
-// |W| <= 1.7 / sqrt(fan-in) (make_experts), g, u, h and y are O(1) and independent roundings give a
-// dot error of ~u / sqrt(3) x sqrt(sum (W x)^2) ~ 0.2 u; a host emulation of these roundings on these
-// distributions measured max |err y| ~ 0.5 u (H 7168, I 2048), so <= 4 slots with weights < 1 stay
-// under ~2 u. atol 8 u + rtol 2 u: 4x margin; fp32 accumulation error is far below.
+// Error basis: FP8 weights are exact (fp8 -> f16); INT4 weights enter as the exact q s, where the
+// reference rounds bf16(q s) (weight_at: <= 2^-9 relative per weight). Each GEMM's activations (x
+// for gate/up, h = silu(g) u for down) are rounded once to f16 under a power-of-two scale (FP8: per
+// 64-k chunk; INT4: x per row, h per 64-k chunk), relative error <= 2^-11 near the scale's max.
+// With |x| < 1 and |W| <= 1.7 / sqrt(fan-in) (make_experts), g, u, h and y are O(1) and independent
+// roundings give a dot error of ~u / sqrt(3) x sqrt(sum (W x)^2) ~ 0.2 u; a host emulation of
+// bf16-sized roundings (u = 2^-8) on these distributions measured max |err y| ~ 0.5 u (H 7168, I
+// 2048), so <= 4 slots with weights < 1 stay under ~2 u. atol 8 u + rtol 2 u: 4x margin (INT4 keeps
+// bf16's u for the reference's weight rounding); fp32 accumulation error is far below.
 Tolerance tc_tol(WeightKind kind) {
   const double u = kind == WeightKind::FP8 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
   return Tolerance{8 * u, 2 * u,
                    kind == WeightKind::FP8 ? "tc: f16 x and h (u = 2^-11, pow2-scaled), exact fp8 W; 8u + 2u rel"
-                                           : "tc: bf16 x and h (u = 2^-8), W as exact q s (the reference rounds "
-                                             "bf16(q s): <= u/2 per weight); 8u + 2u rel"};
+                                           : "tc: f16 x and h (pow2-scaled), W as exact q s (the reference rounds "
+                                             "bf16(q s): <= 2^-9 per weight); u = 2^-8, 8u + 2u rel"};
 }
 
 // The tensor-core grouped (prefill) path (gpu_moe_grouped_tc.h): weights exact in bf16 (BF16; FP8
@@ -589,6 +601,48 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16RingBitIdentical) {
         }
     }
   }
+}
+
+// INT4 h reaches the down items as f16 under a power-of-two scale per token and 64-k chunk (each
+// gate/up tile's own max), not one per row: a chunk 2^40 below its neighbours keeps its precision.
+// Each expert's up rows [0, 64) have their group scales x 2^-40 (h there ~1e-12, the other 192 rows
+// O(1)) and the down weights' groups past k = 64 scale 0, so y is the tiny chunk's contribution
+// alone (one scale per row would flush it to f16 zero). Fused ring grid (T = 1 takes the K split),
+// two grids, and register bursts; against the CPU with tc_tol scaled by the same 2^-40.
+TEST(GpuParityMoe, TensorCoreDecodeBf16HChunkScale) {
+  std::unique_ptr<ops::Backend> be = make_bf16_backend();
+  ASSERT_TRUE(be);
+  const int64_t hidden = 256, inter = 256;
+  const WeightTweak tweak = [&](TestWeight& w, int m) {
+    auto* scale = static_cast<uint16_t*>(w.w.scale.data);
+    const int64_t groups = w.w.scale.shape[1];
+    if (m == 1)
+      for (int64_t o = 0; o < 64; ++o)
+        for (int64_t g = 0; g < groups; ++g) scale[o * groups + g] = uint16_t(scale[o * groups + g] - (40 << 7));
+    if (m == 2)
+      for (int64_t o = 0; o < hidden; ++o)
+        for (int64_t g = 2; g < groups; ++g) scale[o * groups + g] = 0;
+  };
+  std::mt19937 rng(7900);
+  const auto set = make_experts(rng, WeightKind::INT4_BF16, 12, hidden, inter, 4, tweak);
+  const Tolerance base = tc_tol(WeightKind::INT4_BF16);
+  const Tolerance tol{std::ldexp(base.atol, -40), base.rtol, base.basis + "; atol x 2^-40 (the chunk's scale)"};
+  struct Mode {
+    bool ring;
+    std::optional<bool> fused;
+    const char* tag;
+  };
+  uint32_t seed = 7901;
+  for (const Mode& mode : {Mode{true, std::nullopt, " h chunk 2^-40 [bf16 tc]"}, Mode{true, false, " h chunk 2^-40 [bf16 tc, two grids]"},
+                           Mode{false, false, " h chunk 2^-40 [bf16 tc, bursts]"}})
+    for (int64_t t : {1, 3}) {
+      gpu::set_moe_tc_ring(*be, mode.ring);
+      gpu::set_moe_tc_fused(*be, mode.fused);
+      check_experts_on(*be, *set, WeightKind::INT4_BF16, gpu::MoePath::Decode, t, 4, false, seed++, tol, mode.tag);
+      EXPECT_EQ(gpu::moe_tc_last_ring(*be), mode.ring) << mode.tag;
+      gpu::set_moe_tc_ring(*be, true);
+      gpu::set_moe_tc_fused(*be, std::nullopt);
+    }
 }
 
 // The bench's probe (set_moe_tc_probe: the fused ring grid with its arithmetic skipped) takes the

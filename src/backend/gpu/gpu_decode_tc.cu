@@ -3,11 +3,11 @@
 // with 16-byte evict-first loads straight into fragments (no shared memory); an expert's tokens are
 // the B columns (n = 8), prepared once as 16-bit rows. FP8: e4m3 -> f16 exact (cvt.rn.f16x2.e4m3x2),
 // activations f16 with a power-of-two scale per 64-k chunk, block scale applied to each 64-k partial
-// sum in fp32. INT4: the mma multiplies the raw nibbles (gate/up: as 1024 + n or 1024 + 16 n, exact
-// in f16, against f16 x with one power-of-two scale per row; down: as 128 + n, exact in bf16, against
-// bf16 h), one 32-k group per output column, and each group's fp32 partial becomes s (partial -
-// offset) = sum((n - 8) s x): the weights enter exactly (q s in fp32, not rounded to bf16 as
-// weight_at rounds them: <= 2^-9 relative per weight, the size of the activations' own rounding).
+// sum in fp32. INT4: the mma multiplies the raw nibbles (as 1024 + n or 1024 + 16 n, exact in f16)
+// against f16 activations under a power-of-two scale (per row for x, per 64-k chunk for h), one
+// 32-k group per output column, and each group's fp32 partial becomes s (partial - offset) x inverse
+// scale = sum((n - 8) s x): the weights enter exactly (q s in fp32, not rounded to bf16 as weight_at
+// rounds them: <= 2^-9 relative per weight, more than the activations' own f16 rounding).
 #include "backend/gpu/gpu_decode_tc.h"
 
 #include <algorithm>
@@ -28,11 +28,12 @@ namespace {
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 // Scratch: x16 [tokens, hidden] u16 | x_aux [tokens, hidden / 32 + 1] f32 | h16 [pairs, inter] u16 |
-// h_aux [pairs, inter / 32] f32, each piece 256-byte aligned (16-byte rows: hidden, inter % 64 == 0).
-// aux rows: FP8, the inverse activation scale of each 64-k chunk (the first k / 64 entries); INT4 x,
-// each 32-k group's offset and then the row's inverse scale (moe_tc_prep_i4_kernel); INT4 h, the sum
-// of each 32-k group of the bf16 activations.
-constexpr int64_t kAuxK = 32;  // k per aux entry at most (INT4 groups; FP8 uses one per 64)
+// h_aux [pairs, inter / 32 x 2] f32, each piece 256-byte aligned (16-byte rows: hidden, inter % 64 ==
+// 0). aux rows: FP8, the inverse activation scale of each 64-k chunk (the first k / 64 entries); INT4
+// x, each 32-k group's offset and then the row's inverse scale (moe_tc_prep_i4_kernel); INT4 h, per
+// 32-k group the pair (-offset x inverse scale, inverse scale) of its chunk (write_pass).
+constexpr int64_t kAuxK = 32;     // k per aux entry at most (INT4 groups; FP8 uses one per 64)
+constexpr int64_t kHAuxI4 = 2;    // INT4 h: floats per 32-k group
 struct TcLayout {
   size_t x16 = 0, x_aux = 0, h16 = 0, h_aux = 0, k_part = 0, total = 0;
 };
@@ -49,7 +50,7 @@ TcLayout tc_layout(MoeFormat format, int64_t tokens, int64_t pairs, int64_t hidd
   l.x_aux = l.x16 + align256(size_t(tokens * hidden) * 2);
   l.h16 = l.x_aux + align256(size_t(tokens * (hidden / kAuxK + 1)) * 4);
   l.h_aux = l.h16 + align256(size_t(pairs * inter) * 2);
-  l.k_part = l.h_aux + align256(size_t(pairs * (inter / kAuxK)) * 4);
+  l.k_part = l.h_aux + align256(size_t(pairs * (inter / kAuxK) * kHAuxI4) * 4);
   const int64_t split_tiles =
       tokens <= split_max_tokens(format) ? std::min(kKSplitMaxTilesFused, pairs * (inter / kActChunk)) : 0;
   l.total = l.k_part + align256(size_t(split_tiles * 2 * kKPartFloats) * 4);
@@ -80,10 +81,10 @@ namespace {
 // ~10 per byte):
 //   FP8, per 16-byte load: 8 cvt + 2 mma + 3 scale FFMA/FMUL + the load + ~1 shared B / inv / scale
 //        load ~= 15 per 16 B ~= 1 per byte (the fp32 decode kernel: ~5);
-//   INT4, per 8 nibbles: 3 shifts + 4 lop3 (128 + n as bf16x2) = 7 per 4 bytes (gate/up since
-//        2026-12-03: 1 shift + 4 lop3 as f16x2, int4x8_magic_f16x2), + mma, loads and
-//        per chunk 8 FFMA (offset and scale of 4 group partials) ~= 2.3 per byte (the fp32 kernel:
-//        ~9). Until 2026-12-03 each nibble pair also took 2 bf16x2 fma (q = n - 8, then bf16(q s)
+//   INT4, per 8 nibbles: 1 shift + 4 lop3 as f16x2 (int4x8_magic_f16x2; gate/up since 2026-12-03,
+//        down since 2026-12-06: before, 3 shifts + 4 lop3 as bf16x2 128 + n against bf16 h), + mma,
+//        loads and per chunk 8 FFMA (offset and scale of 4 group partials) ~= 2 per byte (the fp32
+//        kernel: ~9). Until 2026-12-03 each nibble pair also took 2 bf16x2 fma (q = n - 8, then bf16(q s)
 //        before the mma, because one mma step spans the 4 t-lanes' different 32-groups): ~4.3 per
 //        byte, and ncu (H200) showed the batch-1 gate/up pass issue-bound at 3.0 lane instructions per
 //        weight, 45% of copy bandwidth. Now each group has its own output column (B below), so the
@@ -107,18 +108,19 @@ static_assert(split_max_tokens(MoeFormat::FP8) == pass_cols(MoeFormat::FP8) &&
 static_assert(kWarpSize == 32, "mma.sync fragments assume 32-lane warps");
 
 // 16-bit activation rows the B fragments read, and per row the aux values: FP8, the inverse
-// power-of-two scale of each 64-k chunk (true activation = stored value x inv); INT4, the fp32 sum of
-// each 32-k group of the stored bf16 values.
+// power-of-two scale of each 64-k chunk (true activation = stored value x inv); INT4, per 32-k group
+// the offset that int4x8_magic_f16x2's 1024 bias adds to its partial (x: then the row's inverse
+// scale; h: each group as (-offset x inv, inv) of its 64-k chunk).
 struct TcAct {
-  const uint16_t* data;  // FP8: f16 [rows, k]; INT4: bf16 [rows, k] permuted per 8-group (act_pos)
+  const uint16_t* data;  // f16 [rows, k]; INT4: odd k hold value / 16, permuted per 8-group (act_pos)
   int64_t stride;        // elements per row (a multiple of 8: rows are 16-byte aligned)
-  const float* aux;      // FP8: [rows, k / 64] inverse scales; INT4: [rows, k / 32] group sums
+  const float* aux;      // FP8: [rows, k / 64]; INT4 x: [rows, k / 32 + 1]; INT4 h: [rows, k / 32 x 2]
   int64_t aux_stride;
 };
 struct TcOut {
   uint16_t* h;          // gate/up: [pairs, inter] by sorted position, 16-bit as TcAct
   int64_t h_stride;
-  float* h_aux;         // gate/up: [pairs, inter / 64] FP8 inverse scales or [pairs, inter / 32] INT4 group sums
+  float* h_aux;         // gate/up: [pairs, inter / 64] FP8 inverse scales or [pairs, inter / 32 x 2] INT4 pairs
   int64_t h_aux_stride;
   float* y;             // down: [pairs, hidden] by pair index
   int64_t y_stride;
@@ -126,7 +128,7 @@ struct TcOut {
   unsigned* k_tickets;  // gate/up K split: [tiles] counters, zero between calls (left zero)
 };
 
-using namespace decode_tc;  // act_pos_i4, pow2_scale, f16_bits, word_of, fp8x2_to_f16x2, int4x2_magic_bf16x2
+using namespace decode_tc;  // act_pos_i4, pow2_scale, f16_bits, word_of, fp8x2_to_f16x2, int4x8_magic_f16x2
 
 // ---- prep: x rows -> 16-bit B rows ---------------------------------------------------------------
 // FP8: grid (ceil(k / 64 / kWarps), rows); one warp per 64-element chunk, 2 elements per lane. ~us.
@@ -222,12 +224,13 @@ __global__ void __launch_bounds__(256) moe_tc_prep_i4_kernel(const float* __rest
 // token j of the pass (j < 2) restricted to group slot t': lane (g, t) supplies B[kk][g] = the
 // token's activation only when g % 4 == t, else 0. So D[m][n] = sum over kk in K(n % 4) = the 32 k of
 // group 4c + n % 4 of token n / 4, and lane (g, t) ends a chunk holding token t / 2's partials of
-// groups 4c + 2 (t % 2) and + 1 (c0, c1 for row g; c2, c3 for row g+8). Down: A holds 128 + n
-// (exact), so each partial is sum((128 + n) x) and acc += s (partial - 136 sum(x)) per group; gate/up:
-// A holds 1024 + n (even k) and 1024 + 16 n (odd k, whose B is x / 16), the offset is moe_tc_prep_i4's
-// (1032 sum_even(x) + 72 sum_odd(x)) and the row's 1 / scale multiplies the sums; lanes t and t ^ 1
-// add their halves at the end. The offset cancels within one group's 32 terms (fp32, ~1e-5
-// relative to the partial, next to 2^-9 for the bf16 activations).
+// groups 4c + 2 (t % 2) and + 1 (c0, c1 for row g; c2, c3 for row g+8). A holds 1024 + n (even k)
+// and 1024 + 16 n (odd k, whose B is the activation / 16), so each partial is sum((n - 8) y) +
+// offset, offset = 1032 sum_even(y) + 72 sum_odd(y) (moe_tc_prep_i4_kernel's for x, write_pass's for
+// h), and acc += s (partial - offset) per group; the inverse activation scale multiplies the sums
+// (x: the row's, after the last chunk; h: its 64-k chunk's, per group); lanes t and t ^ 1 add their
+// halves at the end. The offset cancels within one group's 32 terms (fp32, ~1e-5 relative to the
+// partial, next to 2^-11 for the f16 activations).
 //
 // The B columns of a pass are copied into shared memory a window of chunks at a time (whole K when
 // it fits kMoeStageBudget: DeepSeek-V3's experts up to batch 2), with their FP8 activation scales and the CTA's 128-row
@@ -249,19 +252,22 @@ __host__ __device__ constexpr int64_t k_half(int64_t chunks, int burst) {
 
 // Shared memory of one CTA for `window` chunks of `cols` columns: colmax [kWarps][kCols] f32 |
 // B [cols][window K + 8] u16 (rows 16 bytes apart modulo 128) | aux [cols][window x aux_per_chunk]
-// f32 (FP8: 1 inverse scale, INT4: 4 group sums) | block scales [2][window / 2 + 2] f32 (FP8).
-constexpr int aux_per_chunk(MoeFormat f) { return f == MoeFormat::FP8 ? 1 : 4; }
+// f32 (FP8: 1 inverse scale; INT4: 4 group offsets of x, 4 (offset, inverse scale) pairs of h) |
+// block scales [2][window / 2 + 2] f32 (FP8).
+constexpr int aux_per_chunk(MoeFormat f, bool gate_up) {
+  return f == MoeFormat::FP8 ? 1 : gate_up ? 4 : 4 * int(kHAuxI4);
+}
 struct MoeStage {
   int row_u16;
   size_t b_off, inv_off, ws_off, bytes;
 };
-__host__ __device__ constexpr MoeStage moe_stage(MoeFormat f, int window, int cols) {
+__host__ __device__ constexpr MoeStage moe_stage(MoeFormat f, bool gate_up, int window, int cols) {
   MoeStage l{};
   l.row_u16 = window * int(chunk_k(f)) + 8;
   l.b_off = size_t(kWarps) * kCols * 4;
   l.inv_off = l.b_off + size_t(cols) * size_t(l.row_u16) * 2;
   const bool fp8 = f == MoeFormat::FP8;
-  l.ws_off = l.inv_off + size_t(cols) * size_t(window) * size_t(aux_per_chunk(f)) * 4;
+  l.ws_off = l.inv_off + size_t(cols) * size_t(window) * size_t(aux_per_chunk(f, gate_up)) * 4;
   l.bytes = l.ws_off + (fp8 ? size_t(2) * size_t(window / 2 + 2) * 4 : 0);
   return l;
 }
@@ -291,42 +297,37 @@ __device__ __forceinline__ void chunk_fp8(const uint4 (&a)[kMats][2], const uint
     acc[m][3] = fmaf(tmp[3], f1, acc[m][3]);
   }
 }
-// kF16 (gate/up): f16 B from moe_tc_prep_i4_kernel, A from int4x8_magic_f16x2, xs = the groups'
-// offsets; else bf16 B, A = 128 + n (int4x2_magic_bf16x2), xs = the groups' sums of x (offset 136).
-template <int kMats, bool kF16>
+// f16 B (moe_tc_prep_i4_kernel's x or write_pass's h), A from int4x8_magic_f16x2; the lane's two
+// groups' partials become fmaf(partial, f, o) with xo = (o, f) of the first group, then of the second:
+// gate/up (-offset, 1) (its row's inverse scale comes after the sum), down (-offset x inv, inv) of
+// the groups' 64-k chunk (fmaf(p, inv, -offset x inv) = (p - offset) x inv exactly: inv is a power of
+// two).
+template <int kMats>
 __device__ __forceinline__ void chunk_i4(const uint4 (&a)[kMats][2], const uint32_t (&sb)[kMats][2], const uint4 (&b)[4],
-                                         float2 xs, float (&acc)[kMats][4]) {
+                                         float4 xo, float (&acc)[kMats][4]) {
 #pragma unroll
   for (int m = 0; m < kMats; ++m) {
     float tmp[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int wd = 0; wd < 4; ++wd) {
-      const uint32_t lo = word_of(a[m][0], wd), hi = word_of(a[m][1], wd);
-      [[maybe_unused]] uint32_t pl[4], ph[4];
-      if constexpr (kF16) {
-        int4x8_magic_f16x2(lo, pl);
-        int4x8_magic_f16x2(hi, ph);
-      }
+      uint32_t pl[4], ph[4];
+      int4x8_magic_f16x2(word_of(a[m][0], wd), pl);
+      int4x8_magic_f16x2(word_of(a[m][1], wd), ph);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int s = 2 * wd + h;
         const uint32_t b0 = word_of(b[(2 * s) / 4], (2 * s) % 4), b1 = word_of(b[(2 * s + 1) / 4], (2 * s + 1) % 4);
-        if constexpr (kF16) {
-          const uint32_t af[4] = {pl[2 * h], ph[2 * h], pl[2 * h + 1], ph[2 * h + 1]};
-          mma::mma_f16(tmp, af, b0, b1);
-        } else {
-          const uint32_t af[4] = {int4x2_magic_bf16x2(lo, 2 * h), int4x2_magic_bf16x2(hi, 2 * h),
-                                  int4x2_magic_bf16x2(lo, 2 * h + 1), int4x2_magic_bf16x2(hi, 2 * h + 1)};
-          mma::mma_bf16(tmp, af, b0, b1);
-        }
+        const uint32_t af[4] = {pl[2 * h], ph[2 * h], pl[2 * h + 1], ph[2 * h + 1]};
+        mma::mma_f16(tmp, af, b0, b1);
       }
     }
-    const float ox = kF16 ? xs.x : 136.0f * xs.x, oy = kF16 ? xs.y : 136.0f * xs.y;
+    const float p0 = fmaf(tmp[0], xo.y, xo.x), p1 = fmaf(tmp[1], xo.w, xo.z);
+    const float p2 = fmaf(tmp[2], xo.y, xo.x), p3 = fmaf(tmp[3], xo.w, xo.z);
     const uint32_t sg = sb[m][0], sg8 = sb[m][1];
-    acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg)), tmp[0] - ox, acc[m][0]);
-    acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg >> 16)), tmp[1] - oy, acc[m][0]);
-    acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8)), tmp[2] - ox, acc[m][1]);
-    acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8 >> 16)), tmp[3] - oy, acc[m][1]);
+    acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg)), p0, acc[m][0]);
+    acc[m][0] = fmaf(bf16_bits_to_f32(uint16_t(sg >> 16)), p1, acc[m][0]);
+    acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8)), p2, acc[m][1]);
+    acc[m][1] = fmaf(bf16_bits_to_f32(uint16_t(sg8 >> 16)), p3, acc[m][1]);
   }
 }
 
@@ -391,24 +392,56 @@ __device__ __forceinline__ void write_pass(float (&acc)[kMats][4], const moe::Pl
       for (int i = 0; i < 2; ++i) acc[m][i] += shfl_xor(acc[m][i], 1);
     const bool writer = (t & 1) == 0 && tok < ncols;
     if constexpr (kGateUp) {
-      float hr[2];  // h as the down pass reads it (bf16)
+      // h = silu(g) u for the down pass's f16 B, as moe_tc_prep_i4_kernel writes x but with one
+      // power-of-two scale per token and 64-k chunk (this CTA's 64 rows, which know their max): y =
+      // f16(h scale) keeps 11 significant bits down to 2^-28 of the chunk's max (a chunk far below
+      // its neighbours loses nothing), odd k hold y / 16, and each 32-group gets its offset (1032
+      // sum_even(y) + 72 sum_odd(y)) as (-offset inv, inv) in h_aux. Fixed-order sums and maxima:
+      // deterministic.
+      float hr[2];
+      float hmax = 0.0f;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const uint16_t hb = f32_to_bf16_bits(acc[0][i] / (1.0f + expf(-acc[0][i])) * acc[1][i]);  // silu(g) u
-        hr[i] = bf16_bits_to_f32(hb);
-        if (writer) out.h[int64_t(p0 + tok) * out.h_stride + act_pos_i4(row0 + g + 8 * i)] = hb;
+        hr[i] = acc[0][i] / (1.0f + expf(-acc[0][i])) * acc[1][i];  // silu(g) u
+        hmax = fmaxf(hmax, fabsf(hr[i]));
       }
-      // Group sums of h for the down pass: the warp's 16 rows are half of 32-group row0 / 32 (warps
-      // 2q and 2q + 1 share group 2 tile + q); fixed-order sums, so the result is deterministic.
-      float gs = hr[0] + hr[1];
 #pragma unroll
-      for (int off = 4; off < 32; off <<= 1) gs += shfl_xor(gs, off);  // across g, same t
-      if (g == 0 && (t & 1) == 0) colmax[warp][tok] = gs;
+      for (int off = 4; off < 32; off <<= 1) hmax = fmaxf(hmax, shfl_xor(hmax, off));  // across g, same t
+      // colmax[w][j]: warp w's max of token j's rows, colmax[w][kPass + j]: its offset sum.
+      if (g == 0 && (t & 1) == 0) colmax[warp][tok] = hmax;
+      __syncthreads();
+      float amax = colmax[0][tok];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) amax = fmaxf(amax, colmax[w][tok]);
+      float scale, inv;
+      pow2_scale(amax, scale, inv);
+      const bool odd = (g & 1) != 0;  // row row0 + g + 8 i has g's parity (row0 % 16 == 0)
+      float off = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float y = __half2float(__float2half_rn(hr[i] * scale));
+        const uint16_t b = f16_bits(odd ? y * 0.0625f : y);
+        if (writer) out.h[int64_t(p0 + tok) * out.h_stride + act_pos_i4(row0 + g + 8 * i)] = b;
+        off += odd ? 72.0f * 16.0f * __half2float(__ushort_as_half(b)) : 1032.0f * y;  // 16 b = y unless subnormal
+      }
+      // The warp's 16 rows are half of 32-group 2 tile + q (warps 2q and 2q + 1).
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) off += shfl_xor(off, o);  // across g, same t
+      if (g == 0 && (t & 1) == 0) colmax[warp][kPass + tok] = off;
       __syncthreads();
       if (tid < 2 * kPass) {
         const int q = tid / kPass, j = tid % kPass;
-        if (j < ncols)
-          out.h_aux[int64_t(p0 + j) * out.h_aux_stride + 2 * int64_t(tile) + q] = colmax[2 * q][j] + colmax[2 * q + 1][j];
+        if (j < ncols) {
+          float jmax = colmax[0][j];
+#pragma unroll
+          for (int w = 1; w < kWarps; ++w) jmax = fmaxf(jmax, colmax[w][j]);
+          float jscale, jinv;
+          pow2_scale(jmax, jscale, jinv);
+          const float goff = colmax[2 * q][kPass + j] + colmax[2 * q + 1][kPass + j];
+          float* dst = out.h_aux + int64_t(p0 + j) * out.h_aux_stride + kHAuxI4 * (2 * int64_t(tile) + q);
+          dst[0] = -goff * jinv;
+          dst[1] = jinv;
+        }
       }
       __syncthreads();  // colmax is rewritten by the next pass
     } else if (writer) {
@@ -425,7 +458,7 @@ template <MoeFormat F, bool kGateUp>
 __device__ __forceinline__ void stage_columns(const TcAct& act, const moe::Plan& plan, int top_k, int p0, int ncols,
                                               int64_t w0, int nwc, int window, const MoeStage& sl, uint16_t* s_b,
                                               float* s_inv) {
-  constexpr int kChunkK = int(chunk_k(F)), kAux = aux_per_chunk(F);
+  constexpr int kChunkK = int(chunk_k(F)), kAux = aux_per_chunk(F, kGateUp);
   const int tid = int(threadIdx.x);
   // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
   auto act_row = [&](int n) -> int64_t { return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n); };
@@ -540,10 +573,10 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   constexpr int kChunkK = int(chunk_k(F));
   constexpr int kBVec = kChunkK / 32;          // uint4 of 16-bit activations per lane per chunk
   constexpr int kRowUnit = kFp8 ? 1 : 4;       // bytes per data_stride unit
-  constexpr int kAux = aux_per_chunk(F);
+  constexpr int kAux = aux_per_chunk(F, kGateUp);
   extern __shared__ __align__(128) unsigned char moe_tc_smem[];
   __shared__ unsigned s_klast;  // K split: this CTA is its tile's second to finish
-  const MoeStage sl = moe_stage(F, window, stage_cols);
+  const MoeStage sl = moe_stage(F, kGateUp, window, stage_cols);
   float (*colmax)[kCols] = reinterpret_cast<float (*)[kCols]>(moe_tc_smem);
   uint16_t* s_b = reinterpret_cast<uint16_t*>(moe_tc_smem + sl.b_off);
   [[maybe_unused]] float* s_inv = reinterpret_cast<float*>(moe_tc_smem + sl.inv_off);
@@ -717,7 +750,8 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
         const int brow = kFp8 ? g : g >> 2;
         const bool b_live = kFp8 ? g < ncols : ((g & 3) == t && brow < ncols);
         const uint16_t* srow = s_b + brow * sl.row_u16 + t * (kChunkK / 4);
-        [[maybe_unused]] const float* s_gsum = s_inv + tok * window * kAux + 2 * (t & 1);
+        // INT4: the aux values of this lane's two output groups (2 (t % 2), + 1 of each chunk).
+        [[maybe_unused]] const float* s_gsum = s_inv + tok * window * kAux + (kAux / 2) * (t & 1);
         // Chunk c from the lane's weight pieces av and INT4 scale pairs sv.
         auto chunk_at = [&](const uint4 (&av)[kMats][2], const uint32_t (&sv)[kMats][2], const int64_t c) {
           const int lc = int(c - w0);
@@ -734,10 +768,17 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
               sw[m] = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
             chunk_fp8<kMats>(av, b, inv0, inv1, sw, acc);
           } else {
-            // sum(x) of this lane's two groups for token `tok` (0 past the pass's columns).
-            const float2 xs =
-                tok < ncols ? *reinterpret_cast<const float2*>(s_gsum + lc * kAux) : make_float2(0.0f, 0.0f);
-            chunk_i4<kMats, kGateUp>(av, sv, b, xs, acc);  // gate/up: f16 x; down: bf16 h
+            // chunk_i4's (o, f) of this lane's two groups for token `tok` (0 past the pass's columns).
+            float4 xo = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (tok < ncols) {
+              if constexpr (kGateUp) {
+                const float2 off = *reinterpret_cast<const float2*>(s_gsum + lc * kAux);
+                xo = make_float4(-off.x, 1.0f, -off.y, 1.0f);
+              } else {
+                xo = *reinterpret_cast<const float4*>(s_gsum + lc * kAux);
+              }
+            }
+            chunk_i4<kMats>(av, sv, b, xo, acc);
           }
         };
         if constexpr (kRing) {
@@ -1038,8 +1079,8 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   auto* h16 = reinterpret_cast<uint16_t*>(base + l.h16);
   auto* h_aux = reinterpret_cast<float*>(base + l.h_aux);
   const int64_t hc = a.hidden / kActChunk, ic = a.inter / kActChunk;
-  // aux entries per row: FP8 one per 64 k, INT4 one per 32-group.
-  const int64_t x_aux_stride = kFp8 ? hc : a.hidden / kAuxK + 1, h_aux_stride = kFp8 ? ic : a.inter / kAuxK;
+  // aux entries per row: FP8 one per 64 k; INT4 x one per 32-group and the inverse scale, h two per 32-group.
+  const int64_t x_aux_stride = kFp8 ? hc : a.hidden / kAuxK + 1, h_aux_stride = kFp8 ? ic : a.inter / kAuxK * kHAuxI4;
 
   if constexpr (kFp8) {
     const dim3 gp(unsigned((hc + kWarps - 1) / kWarps), unsigned(a.tokens));
@@ -1055,14 +1096,15 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   // Staging window: the whole K when a pass's columns (min(tokens, pass)) fit the budget, else the
   // largest multiple of the burst that does. An expert has at most `tokens` pairs.
   const int cols = std::min(a.tokens, pass_cols(F));
-  auto window_for = [&](int64_t chunks, int burst) {
-    if (moe_stage(F, int(chunks), cols).bytes <= kMoeStageBudget) return int(chunks);
+  auto window_for = [&](bool gate_up, int64_t chunks, int burst) {
+    if (moe_stage(F, gate_up, int(chunks), cols).bytes <= kMoeStageBudget) return int(chunks);
     int w = burst;
-    while (moe_stage(F, w + burst, cols).bytes <= kMoeStageBudget) w += burst;
+    while (moe_stage(F, gate_up, w + burst, cols).bytes <= kMoeStageBudget) w += burst;
     return w;
   };
-  const int w1 = window_for(a.hidden / chunk_k(F), moe_tc_burst<F, true>());
-  const int w2 = window_for(a.inter / chunk_k(F), moe_tc_burst<F, false>());
+  const int w1 = window_for(true, a.hidden / chunk_k(F), moe_tc_burst<F, true>());
+  const int w2 = window_for(false, a.inter / chunk_k(F), moe_tc_burst<F, false>());
+  const size_t st1 = moe_stage(F, true, w1, cols).bytes, st2 = moe_stage(F, false, w2, cols).bytes;
 
   TcOut o1{};
   o1.k_part = reinterpret_cast<float*>(base + l.k_part);
@@ -1085,7 +1127,7 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
       // K split where the gate/up tiles are fewer than two per CTA (DeepSeek-V3 batch 1 and 2).
       const bool ksplit = one_pass && gu_tiles <= kKSplitMaxTilesFused && gu_tiles < 2 * int64_t(a.fused_ctas);
       const TcQueue q{a.queue, a.queue + 1, a.queue + 2, a.slots};
-      const size_t stage = std::max(moe_stage(F, w1, cols).bytes, moe_stage(F, w2, cols).bytes);
+      const size_t stage = std::max(st1, st2);
       auto kernel = moe_tc_fused_kernel<F, kRing>;
       if constexpr (kRing && !kFp8) {
         if (a.probe == 1) kernel = moe_tc_fused_kernel<F, kRing, 1>;
@@ -1101,7 +1143,6 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
     // Two grids. K split of the INT4 gate/up pass (kKSplitMaxTiles): one pass per expert (an expert
     // has at most `tokens` pairs) and a small grid.
     const bool ksplit = !kFp8 && one_pass && gu_tiles <= kKSplitMaxTiles;
-    const size_t st1 = moe_stage(F, w1, cols).bytes, st2 = moe_stage(F, w2, cols).bytes;
     const auto k1 = moe_tc_kernel<F, true, kRing>;
     const auto k2 = moe_tc_kernel<F, false, kRing>;
     if constexpr (kRing) {
