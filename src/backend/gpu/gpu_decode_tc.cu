@@ -553,7 +553,8 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 }
 
 // One work item of either grid: (expert slot, 64-row tile, K half z of kz) of gate/up, or (slot,
-// tile) of down, over all of the expert's passes of columns. Called by every thread of the CTA with
+// `tiles` consecutive 64-row tiles from tile_y) of down (tiles > 1: the fused ring grid only,
+// fused_down_tiles), over all of the expert's passes of columns. Called by every thread of the CTA with
 // uniform arguments; the caller's next barrier frees the shared memory for another item. `first`:
 // the CTA's first item, which waits for the previous grid (pdl_wait) once its first weight burst is
 // issued.
@@ -564,8 +565,8 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 template <MoeFormat F, bool kGateUp, bool kRing, bool kProbe = false>
 __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct act,
                                             int top_k, int64_t k_dim, TcOut out, int window, int stage_cols, int slot,
-                                            int tile_y, int z, int kz, int tiles_per_slot, bool first, TcDeps deps,
-                                            const MoeRingMap* __restrict__ ring_maps, WarpRing& ring) {
+                                            int tile_y, int tiles, int z, int kz, int tiles_per_slot, bool first,
+                                            TcDeps deps, const MoeRingMap* __restrict__ ring_maps, WarpRing& ring) {
   constexpr bool kFp8 = F == MoeFormat::FP8;
   constexpr int kMats = kGateUp ? 2 : 1;
   constexpr int kU = moe_tc_burst<F, kGateUp>();  // chunks whose weight loads are in flight together
@@ -608,7 +609,10 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   }
   const int64_t c_end = k_dim / kChunkK;
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int64_t row0 = int64_t(tile_y) * kCtaRows + warp * kTileM;
+  // Rows of the warp's m16 tile in the item's first 64-row tile (`tiles` > 1: ring only, one tile
+  // after another through the same ring, row0 moving on by 64 per tile).
+  const int64_t row_base = int64_t(tile_y) * kCtaRows + warp * kTileM;
+  int64_t row0 = row_base;
   [[maybe_unused]] const int tok = t >> 1;  // INT4: the pass token of this lane's outputs (group columns)
 
   const uint4* arow[kMats][2];                         // lane's piece of chunk 0, rows row0 + g (+8)
@@ -676,18 +680,19 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
     }
     policy = mma::l2_evict_first_policy();
     ring_per_pass = int((c_hi - c_lo) / kRingChunks);
-    ring_stages = ((end - begin + stage_cols - 1) / stage_cols) * ring_per_pass;
+    ring_stages = ((end - begin + stage_cols - 1) / stage_cols) * ring_per_pass * tiles;
   }
   // Issues stage q of the item into its slot (uniform per warp; nothing past the item's last stage).
   [[maybe_unused]] auto ring_issue = [&](int q) {
     if (q >= ring_stages) return;
     const int st = q % RG::kStages;
     const int c = int(c_lo) + (q % ring_per_pass) * kRingChunks;
+    const int64_t row = row_base + int64_t(q / (ring_stages / tiles)) * kCtaRows;  // the stage's tile
     const uint32_t bar = ring.bars + 8 * uint32_t(st);
     mma::mbar_arrive_expect_tx_if(lane == 0, bar, RG::kStageBytes);
     if (ring_map != nullptr)
       mma::tensor_copy_2d_g2s(ring.buf_s + uint32_t(st * RG::kStageBytes) + ring_dst, ring_map, c * ring_x_per_chunk,
-                              int(row0), bar, policy);
+                              int(row), bar, policy);
   };
   [[maybe_unused]] int ring_q = 0;  // the item's next stage to consume
   if constexpr (kRing) {
@@ -713,168 +718,171 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   }
   bool burst_ready = true;
 
-  for (int p0 = begin; p0 < end; p0 += stage_cols) {  // uniform per CTA (same expert)
-    const int ncols = min(stage_cols, end - p0);
-    // FP8: the C fragment; INT4: [0], [1] = rows g, g + 8 of token t / 2 (half its groups). acc_lo:
-    // the first K half's sums once the second half starts.
-    float acc[kMats][4], acc_lo[kMats][4];
+  for (int sub = 0; sub < tiles; ++sub) {  // the item's 64-row tiles, in the ring's stage order
+    row0 = row_base + int64_t(sub) * kCtaRows;
+    for (int p0 = begin; p0 < end; p0 += stage_cols) {  // uniform per CTA (same expert)
+      const int ncols = min(stage_cols, end - p0);
+      // FP8: the C fragment; INT4: [0], [1] = rows g, g + 8 of token t / 2 (half its groups). acc_lo:
+      // the first K half's sums once the second half starts.
+      float acc[kMats][4], acc_lo[kMats][4];
 #pragma unroll
-    for (int m = 0; m < kMats; ++m)
+      for (int m = 0; m < kMats; ++m)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][i] = acc_lo[m][i] = 0.0f;
-    // INT4 gate/up: 1 / the f16 scale of this lane's token (moe_tc_prep_i4_kernel), applied at the end.
-    [[maybe_unused]] float xinv = 1.0f;
-    if constexpr (kGateUp && !kFp8)
-      if (tok < ncols) xinv = act.aux[int64_t(plan.sorted[p0 + tok] / top_k) * act.aux_stride + k_dim / kAuxK];
+        for (int i = 0; i < 4; ++i) acc[m][i] = acc_lo[m][i] = 0.0f;
+      // INT4 gate/up: 1 / the f16 scale of this lane's token (moe_tc_prep_i4_kernel), applied at the end.
+      [[maybe_unused]] float xinv = 1.0f;
+      if constexpr (kGateUp && !kFp8)
+        if (tok < ncols) xinv = act.aux[int64_t(plan.sorted[p0 + tok] / top_k) * act.aux_stride + k_dim / kAuxK];
 
-    for (int half = 0; half < (kGateUp ? 2 : 1); ++half) {  // down: one range, [0, c_end)
-      const int64_t r0 = half == 0 ? c_lo : max(c_lo, c_mid), r1 = half == 0 ? min(c_hi, c_mid) : c_hi;
-      if (half == 1) {
+      for (int half = 0; half < (kGateUp ? 2 : 1); ++half) {  // down: one range, [0, c_end)
+        const int64_t r0 = half == 0 ? c_lo : max(c_lo, c_mid), r1 = half == 0 ? min(c_hi, c_mid) : c_hi;
+        if (half == 1) {
+#pragma unroll
+          for (int m = 0; m < kMats; ++m)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              acc_lo[m][i] = acc[m][i];
+              acc[m][i] = 0.0f;
+            }
+        }
+        for (int64_t w0 = r0; w0 < r1; w0 += window) {
+          const int64_t w_end = min(r1, w0 + int64_t(window));
+          const int nwc = int(w_end - w0);
+          __syncthreads();  // the previous window's (or column group's) readers are done
+          stage_columns<F, kGateUp>(act, plan, top_k, p0, ncols, w0, nwc, window, sl, s_b, s_inv);
+          if constexpr (kFp8) stage_block_scales<kMats>(fp8_scale, w0, w_end, window, s_ws);
+          __syncthreads();
+          // FP8: lane (g, t) supplies column g's activations; INT4: token g / 4's, in group column g only
+          // when g % 4 == t (group columns, above).
+          const int brow = kFp8 ? g : g >> 2;
+          const bool b_live = kFp8 ? g < ncols : ((g & 3) == t && brow < ncols);
+          const uint16_t* srow = s_b + brow * sl.row_u16 + t * (kChunkK / 4);
+          // INT4: the aux values of this lane's two output groups (2 (t % 2), + 1 of each chunk).
+          [[maybe_unused]] const float* s_gsum = s_inv + tok * window * kAux + (kAux / 2) * (t & 1);
+          // Chunk c from the lane's weight pieces av and INT4 scale pairs sv.
+          auto chunk_at = [&](const uint4 (&av)[kMats][2], const uint32_t (&sv)[kMats][2], const int64_t c) {
+            const int lc = int(c - w0);
+            uint4 b[kBVec];
+#pragma unroll
+            for (int i = 0; i < kBVec; ++i)
+              b[i] = b_live ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
+            if constexpr (kFp8) {
+              const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * window + lc] : 0.0f;
+              const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * window + lc] : 0.0f;
+              float sw[kMats];
+#pragma unroll
+              for (int m = 0; m < kMats; ++m)
+                sw[m] = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
+              chunk_fp8<kMats>(av, b, inv0, inv1, sw, acc);
+            } else {
+              // chunk_i4's (o, f) of this lane's two groups for token `tok` (0 past the pass's columns).
+              float4 xo = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+              if (tok < ncols) {
+                if constexpr (kGateUp) {
+                  const float2 off = *reinterpret_cast<const float2*>(s_gsum + lc * kAux);
+                  xo = make_float4(-off.x, 1.0f, -off.y, 1.0f);
+                } else {
+                  xo = *reinterpret_cast<const float4*>(s_gsum + lc * kAux);
+                }
+              }
+              chunk_i4<kMats>(av, sv, b, xo, acc);
+            }
+          };
+          if constexpr (kRing) {
+            for (int64_t c0 = w0; c0 < w_end; c0 += kRingChunks) {
+              const int st = ring_q % RG::kStages;
+              mma::mbar_wait(ring.bars + 8 * uint32_t(st), (ring.phase >> st) & 1u);
+              ring.phase ^= 1u << st;
+              const unsigned char* sp = ring.buf + st * RG::kStageBytes;
+#pragma unroll
+              for (int j = 0; j < (kProbe ? 0 : kRingChunks); ++j) {
+                uint4 av[kMats][2];
+                uint32_t sv[kMats][2];
+#pragma unroll
+                for (int m = 0; m < kMats; ++m)
+#pragma unroll
+                  for (int h = 0; h < 2; ++h) {
+                    const int row = m * kTileM + g + 8 * h;
+                    av[m][h] = *reinterpret_cast<const uint4*>(sp + row * kRingRowBytes + j * 64 + t * 16);
+                    const unsigned char* sg = sp + RG::kWBytes + row * 16 + j * 8 + 4 * (t & 1);
+                    sv[m][h] = kFp8 ? 0u : *reinterpret_cast<const uint32_t*>(sg);
+                  }
+                chunk_at(av, sv, c0 + j);
+              }
+              __syncwarp();
+              mma::fence_proxy_async();  // this warp's reads of the stage come before the copy engine's writes
+              ring_issue(ring_q + RG::kStages);
+              ++ring_q;
+            }
+          } else {
+            for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
+              if (!burst_ready) issue(c0, w_end);
+              burst_ready = false;
+              // Chunk u of the burst; bursts inside the window (all but a window's last) run the chunks
+              // branch-free, so one chunk's loads and converts overlap the previous chunk's mma chain
+              // (u is a constant after unrolling: a[u] and sbits[u] stay in registers).
+              auto chunk = [&](const int u) { chunk_at(a[u], sbits[u], c0 + u); };
+              if constexpr (kPipe) {
+                // Two stages of kU / 2 chunks: each refilled with the chunks kU ahead as soon as it is
+                // consumed, so the other stage's loads stay in flight during the mma work.
+                constexpr int kH = kU / 2;
+                const bool full = c0 + kU <= w_end;
+#pragma unroll
+                for (int u = 0; u < kH; ++u)
+                  if (full || c0 + u < w_end) chunk(u);
+                issue_slots(c0 + kU, w_end, 0, kH);
+#pragma unroll
+                for (int u = kH; u < kU; ++u)
+                  if (full || c0 + u < w_end) chunk(u);
+                issue_slots(c0 + kU, w_end, kH, kU);
+                burst_ready = true;
+              } else if (c0 + kU <= w_end) {
+#pragma unroll
+                for (int u = 0; u < kU; ++u) chunk(u);
+              } else {
+#pragma unroll
+                for (int u = 0; u < kU; ++u)
+                  if (c0 + u < w_end) chunk(u);  // warp-uniform
+              }
+            }
+            if constexpr (kPipe) burst_ready = false;  // the refills past the window were empty
+          }
+        }
+      }
+      if (kz == 2) {
+        // K split (one pass only: see the check at the top): publish this half's sums, and the tile's
+        // second CTA to arrive adds them in half order.
+        const size_t tile_id = size_t(slot) * size_t(tiles_per_slot) + size_t(tile_y);
+        float* mine = out.k_part + (tile_id * 2 + size_t(z)) * (kMats * 4 * kThreads) + tid;
+#pragma unroll
+        for (int m = 0; m < kMats; ++m)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) mine[(m * 4 + i) * kThreads] = z == 0 ? acc_lo[m][i] : acc[m][i];
+        __threadfence();  // the partial is visible before the ticket
+        __syncthreads();
+        if (tid == 0) s_klast = atomicAdd(out.k_tickets + tile_id, 1u) == 1u ? 1u : 0u;
+        __syncthreads();
+        if (s_klast == 0u) return;  // uniform: the other half's CTA finishes the tile
+        __threadfence();
+        if (tid == 0) out.k_tickets[tile_id] = 0u;  // both CTAs took theirs: zero for the next call
+        const float* other = out.k_part + (tile_id * 2 + size_t(z ^ 1)) * (kMats * 4 * kThreads) + tid;
 #pragma unroll
         for (int m = 0; m < kMats; ++m)
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            acc_lo[m][i] = acc[m][i];
-            acc[m][i] = 0.0f;
+            const float v = __ldcg(other + (m * 4 + i) * kThreads);
+            if (z == 0) acc[m][i] = v;
+            else acc_lo[m][i] = v;
           }
       }
-      for (int64_t w0 = r0; w0 < r1; w0 += window) {
-        const int64_t w_end = min(r1, w0 + int64_t(window));
-        const int nwc = int(w_end - w0);
-        __syncthreads();  // the previous window's (or column group's) readers are done
-        stage_columns<F, kGateUp>(act, plan, top_k, p0, ncols, w0, nwc, window, sl, s_b, s_inv);
-        if constexpr (kFp8) stage_block_scales<kMats>(fp8_scale, w0, w_end, window, s_ws);
-        __syncthreads();
-        // FP8: lane (g, t) supplies column g's activations; INT4: token g / 4's, in group column g only
-        // when g % 4 == t (group columns, above).
-        const int brow = kFp8 ? g : g >> 2;
-        const bool b_live = kFp8 ? g < ncols : ((g & 3) == t && brow < ncols);
-        const uint16_t* srow = s_b + brow * sl.row_u16 + t * (kChunkK / 4);
-        // INT4: the aux values of this lane's two output groups (2 (t % 2), + 1 of each chunk).
-        [[maybe_unused]] const float* s_gsum = s_inv + tok * window * kAux + (kAux / 2) * (t & 1);
-        // Chunk c from the lane's weight pieces av and INT4 scale pairs sv.
-        auto chunk_at = [&](const uint4 (&av)[kMats][2], const uint32_t (&sv)[kMats][2], const int64_t c) {
-          const int lc = int(c - w0);
-          uint4 b[kBVec];
+      if constexpr (kGateUp) {
 #pragma unroll
-          for (int i = 0; i < kBVec; ++i)
-            b[i] = b_live ? *reinterpret_cast<const uint4*>(srow + lc * kChunkK + 8 * i) : make_uint4(0u, 0u, 0u, 0u);
-          if constexpr (kFp8) {
-            const float inv0 = 2 * t < ncols ? s_inv[(2 * t) * window + lc] : 0.0f;
-            const float inv1 = 2 * t + 1 < ncols ? s_inv[(2 * t + 1) * window + lc] : 0.0f;
-            float sw[kMats];
+        for (int m = 0; m < kMats; ++m)
 #pragma unroll
-            for (int m = 0; m < kMats; ++m)
-              sw[m] = s_ws[m * (window / 2 + 2) + int(c / 2 - w0 / 2)];  // k block (64 c) / 128
-            chunk_fp8<kMats>(av, b, inv0, inv1, sw, acc);
-          } else {
-            // chunk_i4's (o, f) of this lane's two groups for token `tok` (0 past the pass's columns).
-            float4 xo = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (tok < ncols) {
-              if constexpr (kGateUp) {
-                const float2 off = *reinterpret_cast<const float2*>(s_gsum + lc * kAux);
-                xo = make_float4(-off.x, 1.0f, -off.y, 1.0f);
-              } else {
-                xo = *reinterpret_cast<const float4*>(s_gsum + lc * kAux);
-              }
-            }
-            chunk_i4<kMats>(av, sv, b, xo, acc);
-          }
-        };
-        if constexpr (kRing) {
-          for (int64_t c0 = w0; c0 < w_end; c0 += kRingChunks) {
-            const int st = ring_q % RG::kStages;
-            mma::mbar_wait(ring.bars + 8 * uint32_t(st), (ring.phase >> st) & 1u);
-            ring.phase ^= 1u << st;
-            const unsigned char* sp = ring.buf + st * RG::kStageBytes;
-#pragma unroll
-            for (int j = 0; j < (kProbe ? 0 : kRingChunks); ++j) {
-              uint4 av[kMats][2];
-              uint32_t sv[kMats][2];
-#pragma unroll
-              for (int m = 0; m < kMats; ++m)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                  const int row = m * kTileM + g + 8 * h;
-                  av[m][h] = *reinterpret_cast<const uint4*>(sp + row * kRingRowBytes + j * 64 + t * 16);
-                  const unsigned char* sg = sp + RG::kWBytes + row * 16 + j * 8 + 4 * (t & 1);
-                  sv[m][h] = kFp8 ? 0u : *reinterpret_cast<const uint32_t*>(sg);
-                }
-              chunk_at(av, sv, c0 + j);
-            }
-            __syncwarp();
-            mma::fence_proxy_async();  // this warp's reads of the stage come before the copy engine's writes
-            ring_issue(ring_q + RG::kStages);
-            ++ring_q;
-          }
-        } else {
-          for (int64_t c0 = w0; c0 < w_end; c0 += kU) {
-            if (!burst_ready) issue(c0, w_end);
-            burst_ready = false;
-            // Chunk u of the burst; bursts inside the window (all but a window's last) run the chunks
-            // branch-free, so one chunk's loads and converts overlap the previous chunk's mma chain
-            // (u is a constant after unrolling: a[u] and sbits[u] stay in registers).
-            auto chunk = [&](const int u) { chunk_at(a[u], sbits[u], c0 + u); };
-            if constexpr (kPipe) {
-              // Two stages of kU / 2 chunks: each refilled with the chunks kU ahead as soon as it is
-              // consumed, so the other stage's loads stay in flight during the mma work.
-              constexpr int kH = kU / 2;
-              const bool full = c0 + kU <= w_end;
-#pragma unroll
-              for (int u = 0; u < kH; ++u)
-                if (full || c0 + u < w_end) chunk(u);
-              issue_slots(c0 + kU, w_end, 0, kH);
-#pragma unroll
-              for (int u = kH; u < kU; ++u)
-                if (full || c0 + u < w_end) chunk(u);
-              issue_slots(c0 + kU, w_end, kH, kU);
-              burst_ready = true;
-            } else if (c0 + kU <= w_end) {
-#pragma unroll
-              for (int u = 0; u < kU; ++u) chunk(u);
-            } else {
-#pragma unroll
-              for (int u = 0; u < kU; ++u)
-                if (c0 + u < w_end) chunk(u);  // warp-uniform
-            }
-          }
-          if constexpr (kPipe) burst_ready = false;  // the refills past the window were empty
-        }
+          for (int i = 0; i < 4; ++i) acc[m][i] = (acc_lo[m][i] + acc[m][i]) * xinv;
       }
+      write_pass<F, kGateUp, kMats>(acc, plan, out, p0, ncols, row0, tile_y + sub, colmax);
     }
-    if (kz == 2) {
-      // K split (one pass only: see the check at the top): publish this half's sums, and the tile's
-      // second CTA to arrive adds them in half order.
-      const size_t tile_id = size_t(slot) * size_t(tiles_per_slot) + size_t(tile_y);
-      float* mine = out.k_part + (tile_id * 2 + size_t(z)) * (kMats * 4 * kThreads) + tid;
-#pragma unroll
-      for (int m = 0; m < kMats; ++m)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) mine[(m * 4 + i) * kThreads] = z == 0 ? acc_lo[m][i] : acc[m][i];
-      __threadfence();  // the partial is visible before the ticket
-      __syncthreads();
-      if (tid == 0) s_klast = atomicAdd(out.k_tickets + tile_id, 1u) == 1u ? 1u : 0u;
-      __syncthreads();
-      if (s_klast == 0u) return;  // uniform: the other half's CTA finishes the tile
-      __threadfence();
-      if (tid == 0) out.k_tickets[tile_id] = 0u;  // both CTAs took theirs: zero for the next call
-      const float* other = out.k_part + (tile_id * 2 + size_t(z ^ 1)) * (kMats * 4 * kThreads) + tid;
-#pragma unroll
-      for (int m = 0; m < kMats; ++m)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float v = __ldcg(other + (m * 4 + i) * kThreads);
-          if (z == 0) acc[m][i] = v;
-          else acc_lo[m][i] = v;
-        }
-    }
-    if constexpr (kGateUp) {
-#pragma unroll
-      for (int m = 0; m < kMats; ++m)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[m][i] = (acc_lo[m][i] + acc[m][i]) * xinv;
-    }
-    write_pass<F, kGateUp, kMats>(acc, plan, out, p0, ncols, row0, tile_y, colmax);
   }
   if constexpr (kGateUp) {
     if (deps.h_written != nullptr) {  // release: every thread's h stores, then the count
@@ -902,7 +910,7 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
   WarpRing ring;
   if constexpr (kRing) ring = ring_init(moe_tc_smem + ring_off, ring_bars);
   moe_tc_tile<F, kGateUp, kRing>(table, plan, act, top_k, k_dim, out, window, stage_cols, int(blockIdx.x),
-                                 int(blockIdx.y), kGateUp ? int(blockIdx.z) : 0, kGateUp ? int(gridDim.z) : 1,
+                                 int(blockIdx.y), 1, kGateUp ? int(blockIdx.z) : 0, kGateUp ? int(gridDim.z) : 1,
                                  int(gridDim.y), true, TcDeps{}, ring_maps, ring);
 }
 
@@ -979,9 +987,9 @@ struct TcQueue {
 
 // The fused, persistent path: one grid of as many CTAs as the GPU holds at once takes items from a
 // queue: first every gate/up item (expert slot major; a tile's K halves adjacent), then every down
-// item (slot major). A down item waits for its slot's gate/up tiles (TcDeps) after issuing its first
-// weight burst; those items were all taken before it by running CTAs, which never wait, so the wait
-// ends (also when the grid exceeds what is resident). Why: at DeepSeek-V3 batch 1 the two grids are
+// item (slot major; down_tiles 64-row tiles each). A down item waits for its slot's gate/up tiles
+// (TcDeps) after issuing its first weight burst; those items were all taken before it by running
+// CTAs, which never wait, so the wait ends (also when the grid exceeds what is resident). Why: at DeepSeek-V3 batch 1 the two grids are
 // 512 and 896 CTAs on 396 slots, i.e. 1.3 and 2.3 waves of latency-bound CTAs, two tails and a
 // kernel boundary; here the down items fill the gate/up tail and one short tail remains. Each item
 // computes exactly what the two-grid path's CTA computes (the same K halves, fold and order), so the
@@ -995,8 +1003,8 @@ template <MoeFormat F, bool kRing, int kProbe = 0>
 __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
     moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan_arg, MoeGridPlanArgs grid_plan,
                         TcAct x_act, TcAct h_act, int top_k, int64_t hidden, int64_t inter, TcOut o1, TcOut o2, int w1,
-                        int w2, int stage_cols, int kz, TcQueue q, const MoeRingMap* __restrict__ ring_maps,
-                        int ring_off) {
+                        int w2, int stage_cols, int kz, int down_tiles, TcQueue q,
+                        const MoeRingMap* __restrict__ ring_maps, int ring_off) {
   __shared__ unsigned s_item, s_last;
   __shared__ GridPlan s_plan;
   const moe::Plan plan = grid_plan.ids != nullptr ? build_grid_plan(grid_plan, s_plan) : plan_arg;  // uniform
@@ -1008,7 +1016,8 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
   const unsigned ic = unsigned(inter / kCtaRows), hc = unsigned(hidden / kCtaRows);
   // The plan kernel's plan was complete before the prep kernel started; the grid's own is built above.
   const unsigned active = unsigned(plan.counters[0]);
-  const unsigned gu_per_slot = ic * unsigned(kz), n_gu = active * gu_per_slot, total = n_gu + active * hc;
+  const unsigned dn_per_slot = hc / unsigned(down_tiles);  // down items of a slot: down_tiles 64-row tiles each
+  const unsigned gu_per_slot = ic * unsigned(kz), n_gu = active * gu_per_slot, total = n_gu + active * dn_per_slot;
   if (tid == 0) s_item = atomicAdd(q.head, 1u);
   __syncthreads();
   unsigned item = s_item;
@@ -1021,14 +1030,14 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
       TcDeps d;
       d.h_written = q.done + slot;
       moe_tc_tile<F, true, kRing, (kProbe & 1) != 0>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot,
-                                                     r / kz, r % kz, kz, int(ic), first, d, ring_maps, ring);
+                                                     r / kz, 1, r % kz, kz, int(ic), first, d, ring_maps, ring);
     } else {
-      const int slot = int((item - n_gu) / hc), y = int((item - n_gu) % hc);
+      const int slot = int((item - n_gu) / dn_per_slot), y = int((item - n_gu) % dn_per_slot) * down_tiles;
       TcDeps d;
       d.h_ready = q.done + slot;
       d.h_tiles = ic;
       moe_tc_tile<F, false, kRing, (kProbe & 2) != 0>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y,
-                                                      0, 1, int(hc), first, d, ring_maps, ring);
+                                                      down_tiles, 0, 1, int(hc), first, d, ring_maps, ring);
     }
     first = false;
     if (tid == 0) s_item = next;  // every thread read s_item before the tile's barriers
@@ -1059,6 +1068,15 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
 // 46.7-47.4% there against 43.1-43.3% split in two (same calls), but the four-part fold cost the
 // unsplit batch 8 2.7 points (69.5% against 72.2%) and FP8 batch 8 1.7.
 constexpr int64_t kKSplitMaxTiles = 512;
+
+// 64-row tiles per down item of the fused ring grid (a divisor of hidden / 64): from 4 tokens two,
+// one after the other through the warps' rings, so the second tile's stages stream while the first's
+// math runs (a one-tile item issues all its stages at once and then computes with nothing in
+// flight), and the queue has half the item boundaries. Below 4 tokens the longer items balance the
+// queue's tail worse. H100, DeepSeek-V3 shapes, INT4, % of copy at batch 1 / 2 / 4 / 8 (two
+// processes each, 2026-12-06): one tile 68.5-68.8 / 78.8-79.0 / 83.4-83.6 / 85.6-85.7; two tiles
+// 64.8-64.9 / 77.6-77.8 / 83.8-84.3 / 86.8-86.9; four 59.5-59.6 / 74.0-74.1 / 82.1-82.3 / 86.3-86.5.
+int fused_down_tiles(int64_t tokens, int64_t hc) { return tokens >= 4 && hc % 2 == 0 ? 2 : 1; }
 
 // The ring path's dynamic shared memory: the staging area, then the warps' rings from this offset.
 constexpr int ring_offset(size_t stage_bytes) { return int((stage_bytes + 127) / 128 * 128); }
@@ -1137,7 +1155,8 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
       if constexpr (kRing) opt_in_smem(kernel, smem_for(stage));
       mma::launch_maybe_pdl(kernel, dim3(unsigned(a.fused_ctas)), dim3(kThreads), smem_for(stage), true, stream,
                             a.table, a.plan, a.grid_plan, x_act, h_act, a.top_k, a.hidden, a.inter, o1, o2, w1, w2,
-                            cols, ksplit ? 2 : 1, q, a.ring_maps, ring_offset(stage));
+                            cols, ksplit ? 2 : 1, kRing ? fused_down_tiles(a.tokens, hc) : 1, q, a.ring_maps,
+                            ring_offset(stage));
       return;
     }
     // Two grids. K split of the INT4 gate/up pass (kKSplitMaxTiles): one pass per expert (an expert
