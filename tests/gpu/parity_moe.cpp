@@ -633,7 +633,8 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16HChunkScale) {
     const char* tag;
   };
   uint32_t seed = 7901;
-  for (const Mode& mode : {Mode{true, std::nullopt, " h chunk 2^-40 [bf16 tc]"}, Mode{true, false, " h chunk 2^-40 [bf16 tc, two grids]"},
+  for (const Mode& mode : {Mode{true, std::nullopt, " h chunk 2^-40 [bf16 tc]"},
+                           Mode{true, false, " h chunk 2^-40 [bf16 tc, two grids]"},
                            Mode{false, false, " h chunk 2^-40 [bf16 tc, bursts]"}})
     for (int64_t t : {1, 3}) {
       gpu::set_moe_tc_ring(*be, mode.ring);

@@ -554,10 +554,10 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 
 // One work item of either grid: (expert slot, 64-row tile, K half z of kz) of gate/up, or (slot,
 // `tiles` consecutive 64-row tiles from tile_y) of down (tiles > 1: the fused ring grid only,
-// fused_down_tiles), over all of the expert's passes of columns. Called by every thread of the CTA with
-// uniform arguments; the caller's next barrier frees the shared memory for another item. `first`:
-// the CTA's first item, which waits for the previous grid (pdl_wait) once its first weight burst is
-// issued.
+// fused_down_tiles), over all of the expert's passes of columns. Called by every thread of the CTA
+// with uniform arguments; the caller's next barrier frees the shared memory for another item.
+// `first`: the CTA's first item, which waits for the previous grid (pdl_wait) once its first weight
+// burst is issued.
 // The structs come by value: a reference to a kernel parameter can make ptxas copy it to the stack.
 // kRing: the weights stream through the warp's ring (WarpRing, ring_k_multiple), else through
 // register bursts. kProbe (ring only; set_moe_tc_probe): a warp waits for each stage and refills it
@@ -989,14 +989,15 @@ struct TcQueue {
 // queue: first every gate/up item (expert slot major; a tile's K halves adjacent), then every down
 // item (slot major; down_tiles 64-row tiles each). A down item waits for its slot's gate/up tiles
 // (TcDeps) after issuing its first weight burst; those items were all taken before it by running
-// CTAs, which never wait, so the wait ends (also when the grid exceeds what is resident). Why: at DeepSeek-V3 batch 1 the two grids are
-// 512 and 896 CTAs on 396 slots, i.e. 1.3 and 2.3 waves of latency-bound CTAs, two tails and a
-// kernel boundary; here the down items fill the gate/up tail and one short tail remains. Each item
-// computes exactly what the two-grid path's CTA computes (the same K halves, fold and order), so the
-// two paths give the same bits. A CTA takes its next ticket when it starts an item (the atomic's
-// round trip hides behind the item); the last CTA out zeroes the queue for the next call. (Streaming
-// a CTA's next item into its weight rings while an item ends, with the ticket taken one or two items
-// ahead, measured slower on an H100 at batch 1-8 and was dropped: docs/performance.md, session 19.)
+// CTAs, which never wait, so the wait ends (also when the grid exceeds what is resident). Why: at
+// DeepSeek-V3 batch 1 the two grids are 512 and 896 CTAs on 396 slots, i.e. 1.3 and 2.3 waves of
+// latency-bound CTAs, two tails and a kernel boundary; here the down items fill the gate/up tail
+// and one short tail remains. Each item computes exactly what the two-grid path's CTA computes (the
+// same K halves, fold and order), so the two paths give the same bits. A CTA takes its next ticket
+// when it starts an item (the atomic's round trip hides behind the item); the last CTA out zeroes
+// the queue for the next call. (Streaming a CTA's next item into its weight rings while an item
+// ends, with the ticket taken one or two items ahead, measured slower on an H100 at batch 1-8 and
+// was dropped: docs/performance.md, session 19.)
 // kProbe (bench only, MoeTcArgs::probe): bit 0 skips the gate/up items' arithmetic, bit 1 the down
 // items'.
 template <MoeFormat F, bool kRing, int kProbe = 0>
