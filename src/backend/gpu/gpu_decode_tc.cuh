@@ -66,7 +66,8 @@ __device__ __forceinline__ uint32_t int4x2_magic_bf16x2(uint32_t w, int p) {
 // n_{p+4}) for even p and (1024 + 16 n_p, 1024 + 16 n_{p+4}) for odd p (0x6400 | n is 1024 + n; f16's
 // ulp at 1024 is 1, so a nibble at bits 4..7 of a half adds 16 n). Five instructions for eight
 // weights (one shift, four lop3) against seven for int4x2_magic_bf16x2's bf16 pairs; the caller's
-// B carries x / 16 for odd p and an offset per group (moe_tc_prep_i4 in gpu_decode_tc.cu).
+// B carries the activation / 16 for odd p and an offset per group (gpu_decode_tc.cu:
+// moe_tc_prep_i4_kernel for x, write_pass for h).
 __device__ __forceinline__ void int4x8_magic_f16x2(uint32_t w, uint32_t (&p)[4]) {
   const uint32_t w8 = w >> 8;
   p[0] = (w & 0x000f000fu) | 0x64006400u;
