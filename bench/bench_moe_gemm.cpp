@@ -185,7 +185,9 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
       // its arithmetic skipped; timed per call like the row of record. What the row of record lacks
       // of it is the arithmetic's cost; what this row lacks of 100% is the kernels', the item
       // boundaries' and the tail's. Then the gate/up items' and the down items' math skipped alone:
-      // where that cost sits. Only where the defaults ran the rings.
+      // where that cost sits. Last the converse, the math with no weight copied: the arithmetic's and the
+      // structure's time alone (the same SMs and clocks on every Hopper card, so on a card with more
+      // bandwidth it weighs more). Only where the defaults ran the rings.
       if (kind == BenchWeight::INT4 && gpu::moe_tc_last_ring(*be)) {
         struct Probe {
           gpu::MoeTcProbe mode;
@@ -194,7 +196,8 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
         };
         for (const Probe p : {Probe{gpu::MoeTcProbe::All, "no arithmetic: the structure's ceiling", "probe"},
                               Probe{gpu::MoeTcProbe::GateUp, "gate/up math skipped", "probe gu"},
-                              Probe{gpu::MoeTcProbe::Down, "down math skipped", "probe down"}}) {
+                              Probe{gpu::MoeTcProbe::Down, "down math skipped", "probe down"},
+                              Probe{gpu::MoeTcProbe::MathOnly, "math only: no weight copied", "probe math"}}) {
           gpu::set_moe_tc_fused(*be, true);
           gpu::set_moe_tc_probe(*be, p.mode);
           const Measured m = measure(1);
@@ -204,7 +207,9 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
                       fmt::format("{} experts {} top-{}, batch {}, 7168x2048 [{}]", num_experts,
                                   bench_weight_name(kind), top_k, batch, p.label),
                       m.ms, m.gbps, "GB/s", c.copy_gbps, "copy BW", 0.0,
-                      "fused ring grid, weights streamed, math skipped (outputs garbage)",
+                      p.mode == gpu::MoeTcProbe::MathOnly
+                          ? "fused ring grid, no weight copied (outputs garbage); GB/s as if it were"
+                          : "fused ring grid, weights streamed, math skipped (outputs garbage)",
                       fmt::format("{} b{} {}", bench_weight_name(kind), batch, p.key)});
         }
       }

@@ -646,10 +646,10 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16HChunkScale) {
     }
 }
 
-// The bench's probe (set_moe_tc_probe: the fused ring grid with its arithmetic skipped) takes the
-// same items from the same queue, so it must leave the queue counters and K-split tickets zero as a
-// real call does: real calls right after two probe calls match the CPU, with the K split (batch 1)
-// and without (batch 8), on the DeepSeek-V3 shape.
+// The bench's probes (set_moe_tc_probe: the fused ring grid with its arithmetic skipped, or with no
+// weight copied) take the same items from the same queue, so they must leave the queue counters and
+// K-split tickets zero as a real call does: real calls right after two probe calls match the CPU,
+// with the K split (batch 1) and without (batch 8), on the DeepSeek-V3 shape.
 TEST(GpuParityMoe, TensorCoreDecodeProbeLeavesQueueClean) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
@@ -657,27 +657,29 @@ TEST(GpuParityMoe, TensorCoreDecodeProbeLeavesQueueClean) {
   const int64_t hidden = 7168, inter = 2048, num_experts = 12;
   const int top_k = 8;
   const auto set = make_experts(rng, WeightKind::INT4_BF16, num_experts, hidden, inter, 4);
-  for (const int64_t tokens : {1, 8}) {
-    const Twin x = twin_random(rng, DType::F32, {tokens, hidden});
-    const Twin ids = random_ids(rng, tokens, num_experts, top_k);
-    const Twin weights = twin_random(rng, DType::F32, {tokens, top_k}, 0.05f, 1.0f);
-    gpu::set_moe_tc_fused(*be, true);
-    gpu::set_moe_tc_probe(*be, gpu::MoeTcProbe::All);
-    for (int rep = 0; rep < 2; ++rep) {
-      const Twin garbage = twin_output(DType::F32, {tokens, hidden});
-      be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, garbage.gpu);
+  for (const auto probe : {gpu::MoeTcProbe::All, gpu::MoeTcProbe::MathOnly}) {
+    for (const int64_t tokens : {1, 8}) {
+      const Twin x = twin_random(rng, DType::F32, {tokens, hidden});
+      const Twin ids = random_ids(rng, tokens, num_experts, top_k);
+      const Twin weights = twin_random(rng, DType::F32, {tokens, top_k}, 0.05f, 1.0f);
+      gpu::set_moe_tc_fused(*be, true);
+      gpu::set_moe_tc_probe(*be, probe);
+      for (int rep = 0; rep < 2; ++rep) {
+        const Twin garbage = twin_output(DType::F32, {tokens, hidden});
+        be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, garbage.gpu);
+        be->synchronize();
+        EXPECT_TRUE(gpu::moe_tc_last_ring(*be)) << "the probe ran without the rings";
+      }
+      gpu::set_moe_tc_probe(*be, gpu::MoeTcProbe::Off);
+      const Twin out = twin_output(DType::F32, {tokens, hidden});
+      be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);
       be->synchronize();
-      EXPECT_TRUE(gpu::moe_tc_last_ring(*be)) << "the probe ran without the rings";
+      gpu::set_moe_tc_fused(*be, std::nullopt);
+      cpu_backend().moe_experts(x.cpu, ids.cpu, weights.cpu, set->cpu, out.cpu);
+      EXPECT_TRUE(check_parity("moe_experts", fmt::format("INT4 T{} H{} I{} E{} k{} [fused grid after probe {} calls]",
+                                                          tokens, hidden, inter, num_experts, top_k, int(probe)),
+                               out, tc_tol(WeightKind::INT4_BF16)));
     }
-    gpu::set_moe_tc_probe(*be, gpu::MoeTcProbe::Off);
-    const Twin out = twin_output(DType::F32, {tokens, hidden});
-    be->moe_experts(x.gpu, ids.gpu, weights.gpu, set->gpu, out.gpu);
-    be->synchronize();
-    gpu::set_moe_tc_fused(*be, std::nullopt);
-    cpu_backend().moe_experts(x.cpu, ids.cpu, weights.cpu, set->cpu, out.cpu);
-    EXPECT_TRUE(check_parity("moe_experts", fmt::format("INT4 T{} H{} I{} E{} k{} [fused grid after probe calls]",
-                                                        tokens, hidden, inter, num_experts, top_k),
-                             out, tc_tol(WeightKind::INT4_BF16)));
   }
 }
 

@@ -560,9 +560,12 @@ __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
 // burst is issued.
 // The structs come by value: a reference to a kernel parameter can make ptxas copy it to the stack.
 // kRing: the weights stream through the warp's ring (WarpRing, ring_k_multiple), else through
-// register bursts. kProbe (ring only; set_moe_tc_probe): a warp waits for each stage and refills it
-// without reading it, so the item streams its bytes with no arithmetic (outputs are garbage).
-template <MoeFormat F, bool kGateUp, bool kRing, bool kProbe = false>
+// register bursts. kProbe (ring only; set_moe_tc_probe; outputs are garbage): kProbeNoMath, a warp
+// waits for each stage and refills it without reading it, so the item streams its bytes with no
+// arithmetic; kProbeNoCopy, no stage is copied or waited for and the math reads whatever the ring
+// holds, so the item costs its arithmetic and structure with no weight bytes.
+constexpr int kProbeNoMath = 1, kProbeNoCopy = 2;
+template <MoeFormat F, bool kGateUp, bool kRing, int kProbe = 0>
 __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct act,
                                             int top_k, int64_t k_dim, TcOut out, int window, int stage_cols, int slot,
                                             int tile_y, int tiles, int z, int kz, int tiles_per_slot, bool first,
@@ -684,7 +687,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   }
   // Issues stage q of the item into its slot (uniform per warp; nothing past the item's last stage).
   [[maybe_unused]] auto ring_issue = [&](int q) {
-    if (q >= ring_stages) return;
+    if (kProbe == kProbeNoCopy || q >= ring_stages) return;
     const int st = q % RG::kStages;
     const int c = int(c_lo) + (q % ring_per_pass) * kRingChunks;
     const int64_t row = row_base + int64_t(q / (ring_stages / tiles)) * kCtaRows;  // the stage's tile
@@ -791,11 +794,13 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
           if constexpr (kRing) {
             for (int64_t c0 = w0; c0 < w_end; c0 += kRingChunks) {
               const int st = ring_q % RG::kStages;
-              mma::mbar_wait(ring.bars + 8 * uint32_t(st), (ring.phase >> st) & 1u);
-              ring.phase ^= 1u << st;
+              if constexpr (kProbe != kProbeNoCopy) {
+                mma::mbar_wait(ring.bars + 8 * uint32_t(st), (ring.phase >> st) & 1u);
+                ring.phase ^= 1u << st;
+              }
               const unsigned char* sp = ring.buf + st * RG::kStageBytes;
 #pragma unroll
-              for (int j = 0; j < (kProbe ? 0 : kRingChunks); ++j) {
+              for (int j = 0; j < (kProbe == kProbeNoMath ? 0 : kRingChunks); ++j) {
                 uint4 av[kMats][2];
                 uint32_t sv[kMats][2];
 #pragma unroll
@@ -999,13 +1004,15 @@ struct TcQueue {
 // ends, with the ticket taken one or two items ahead, measured slower on an H100 at batch 1-8 and
 // was dropped: docs/performance.md, session 19.)
 // kProbe (bench only, MoeTcArgs::probe): bit 0 skips the gate/up items' arithmetic, bit 1 the down
-// items'.
+// items'; 4 skips every weight copy instead (MoeTcProbe::MathOnly).
 template <MoeFormat F, bool kRing, int kProbe = 0>
 __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
     moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan_arg, MoeGridPlanArgs grid_plan,
                         TcAct x_act, TcAct h_act, int top_k, int64_t hidden, int64_t inter, TcOut o1, TcOut o2, int w1,
                         int w2, int stage_cols, int kz, int down_tiles, TcQueue q,
                         const MoeRingMap* __restrict__ ring_maps, int ring_off) {
+  constexpr int kGateUpProbe = kProbe == 4 ? kProbeNoCopy : (kProbe & 1) != 0 ? kProbeNoMath : 0;
+  constexpr int kDownProbe = kProbe == 4 ? kProbeNoCopy : (kProbe & 2) != 0 ? kProbeNoMath : 0;
   __shared__ unsigned s_item, s_last;
   __shared__ GridPlan s_plan;
   const moe::Plan plan = grid_plan.ids != nullptr ? build_grid_plan(grid_plan, s_plan) : plan_arg;  // uniform
@@ -1030,15 +1037,15 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
       const int slot = int(item / gu_per_slot), r = int(item % gu_per_slot);
       TcDeps d;
       d.h_written = q.done + slot;
-      moe_tc_tile<F, true, kRing, (kProbe & 1) != 0>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot,
-                                                     r / kz, 1, r % kz, kz, int(ic), first, d, ring_maps, ring);
+      moe_tc_tile<F, true, kRing, kGateUpProbe>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, 1,
+                                                r % kz, kz, int(ic), first, d, ring_maps, ring);
     } else {
       const int slot = int((item - n_gu) / dn_per_slot), y = int((item - n_gu) % dn_per_slot) * down_tiles;
       TcDeps d;
       d.h_ready = q.done + slot;
       d.h_tiles = ic;
-      moe_tc_tile<F, false, kRing, (kProbe & 2) != 0>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y,
-                                                      down_tiles, 0, 1, int(hc), first, d, ring_maps, ring);
+      moe_tc_tile<F, false, kRing, kDownProbe>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y,
+                                               down_tiles, 0, 1, int(hc), first, d, ring_maps, ring);
     }
     first = false;
     if (tid == 0) s_item = next;  // every thread read s_item before the tile's barriers
@@ -1152,6 +1159,7 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
         if (a.probe == 1) kernel = moe_tc_fused_kernel<F, kRing, 1>;
         if (a.probe == 2) kernel = moe_tc_fused_kernel<F, kRing, 2>;
         if (a.probe == 3) kernel = moe_tc_fused_kernel<F, kRing, 3>;
+        if (a.probe == 4) kernel = moe_tc_fused_kernel<F, kRing, 4>;
       }
       if constexpr (kRing) opt_in_smem(kernel, smem_for(stage));
       mma::launch_maybe_pdl(kernel, dim3(unsigned(a.fused_ctas)), dim3(kThreads), smem_for(stage), true, stream,

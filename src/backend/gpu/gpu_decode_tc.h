@@ -60,7 +60,7 @@ struct MoeTcArgs {
   // fused_ctas > 0 only: the grid builds its plan itself (see MoeGridPlanArgs).
   MoeGridPlanArgs grid_plan;
   // Bench only (set_moe_tc_probe; needs fused_ctas > 0 and ring_maps): skip the arithmetic of the
-  // gate/up items (bit 0) and of the down items (bit 1).
+  // gate/up items (bit 0) and of the down items (bit 1); 4: every weight copy instead.
   int probe = 0;
 };
 

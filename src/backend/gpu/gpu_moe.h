@@ -36,8 +36,10 @@ bool moe_tc_last_ring(ops::Backend& gpu);
 // every weight byte streamed through the same queue, items and rings but the arithmetic of the named
 // items skipped (All: the structure's ceiling, kernels, item boundaries and tail with free math;
 // GateUp or Down: what one kind's math costs). A call that would not run the fused ring grid fails
-// its check. Default Off. The values are bits: GateUp | Down == All.
-enum class MoeTcProbe : int { Off = 0, GateUp = 1, Down = 2, All = 3 };
+// its check. Default Off. The values are bits: GateUp | Down == All. MathOnly is the converse: no
+// weight byte is copied and every item's arithmetic runs on whatever its ring holds (the arithmetic
+// and the structure with free weights; on Hopper this time does not depend on the card's bandwidth).
+enum class MoeTcProbe : int { Off = 0, GateUp = 1, Down = 2, All = 3, MathOnly = 4 };
 void set_moe_tc_probe(ops::Backend& gpu, MoeTcProbe probe);
 
 }  // namespace mla::gpu
