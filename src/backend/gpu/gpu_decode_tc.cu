@@ -668,7 +668,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   [[maybe_unused]] uint32_t ring_dst = 0;                 // and its box's offset in a stage
   [[maybe_unused]] int ring_x_per_chunk = 0;              // box x per chunk: 64 B of data or 8 B of scales
   [[maybe_unused]] uint64_t policy = 0;
-  [[maybe_unused]] int ring_stages = 0, ring_per_pass = 1;
+  [[maybe_unused]] int ring_stages = 0, ring_per_tile = 1;
   if constexpr (kRing) {
     const int m = lane < kMats ? lane : lane - kMats;
     const int data_map = kGateUp ? m : 2;
@@ -682,24 +682,34 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
       ring_x_per_chunk = 8;
     }
     policy = mma::l2_evict_first_policy();
-    ring_per_pass = int((c_hi - c_lo) / kRingChunks);
-    ring_stages = ((end - begin + stage_cols - 1) / stage_cols) * ring_per_pass * tiles;
+    ring_per_tile = ((end - begin + stage_cols - 1) / stage_cols) * int((c_hi - c_lo) / kRingChunks);
+    ring_stages = ring_per_tile * tiles;
   }
-  // Issues stage q of the item into its slot (uniform per warp; nothing past the item's last stage).
-  [[maybe_unused]] auto ring_issue = [&](int q) {
-    if (kProbe == kProbeNoCopy || q >= ring_stages) return;
-    const int st = q % RG::kStages;
-    const int c = int(c_lo) + (q % ring_per_pass) * kRingChunks;
-    const int64_t row = row_base + int64_t(q / (ring_stages / tiles)) * kCtaRows;  // the stage's tile
+  // Issues the item's next stage into its slot (uniform per warp; nothing past the item's last
+  // stage). Stage q covers chunks c_lo + (q % stages per pass) x kRingChunks of tile q / ring_per_tile;
+  // the issuer steps through them in order (stages are issued in q order), so no division runs per
+  // stage.
+  [[maybe_unused]] int ring_next = 0, ring_in_tile = 0, ring_c = int(c_lo);
+  [[maybe_unused]] int64_t ring_row = row_base;
+  [[maybe_unused]] auto ring_issue = [&]() {
+    if (kProbe == kProbeNoCopy || ring_next >= ring_stages) return;
+    const int st = ring_next % RG::kStages;
     const uint32_t bar = ring.bars + 8 * uint32_t(st);
     mma::mbar_arrive_expect_tx_if(lane == 0, bar, RG::kStageBytes);
     if (ring_map != nullptr)
-      mma::tensor_copy_2d_g2s(ring.buf_s + uint32_t(st * RG::kStageBytes) + ring_dst, ring_map, c * ring_x_per_chunk,
-                              int(row), bar, policy);
+      mma::tensor_copy_2d_g2s(ring.buf_s + uint32_t(st * RG::kStageBytes) + ring_dst, ring_map,
+                              ring_c * ring_x_per_chunk, int(ring_row), bar, policy);
+    ++ring_next;
+    ring_c += kRingChunks;
+    if (ring_c == int(c_hi)) ring_c = int(c_lo);  // the next pass of columns (or tile) starts over
+    if (++ring_in_tile == ring_per_tile) {
+      ring_in_tile = 0;
+      ring_row += kCtaRows;
+    }
   };
   [[maybe_unused]] int ring_q = 0;  // the item's next stage to consume
   if constexpr (kRing) {
-    for (int q = 0; q < RG::kStages; ++q) ring_issue(q);
+    for (int q = 0; q < RG::kStages; ++q) ring_issue();
   } else {
     issue(c_lo, min(c_lo < c_mid ? min(c_mid, c_hi) : c_hi, c_lo + int64_t(window)));
   }
@@ -816,7 +826,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
               }
               __syncwarp();
               mma::fence_proxy_async();  // this warp's reads of the stage come before the copy engine's writes
-              ring_issue(ring_q + RG::kStages);
+              ring_issue();  // stage ring_q + kStages, into the slot just read
               ++ring_q;
             }
           } else {
