@@ -56,10 +56,20 @@ __device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t two) {
   return uint32_t(h.x) | (uint32_t(h.y) << 16);
 }
 
+// (a & kMask) | kBits as one LOP3. Written as C++, ptxas emits an AND and an OR here (a SASS LOP3
+// takes at most one immediate and it does not move the other constant to a register), which made
+// every magic below two instructions per output (SASS of the fused MoE kernel, session 25).
+template <uint32_t kMask, uint32_t kBits>
+__device__ __forceinline__ uint32_t and_or(uint32_t a) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(d) : "r"(a), "n"(kMask), "n"(kBits));  // 0xea: (a & b) | c
+  return d;
+}
+
 // Nibbles p and p + 4 of `w` as the bf16x2 (128 + n_p, 128 + n_{p+4}), exact: 0x4300 | n is 128 + n
 // (bf16's ulp at 128 is 1). One shift and one lop3.
 __device__ __forceinline__ uint32_t int4x2_magic_bf16x2(uint32_t w, int p) {
-  return ((w >> (4 * p)) & 0x000f000fu) | 0x43004300u;
+  return and_or<0x000f000fu, 0x43004300u>(w >> (4 * p));
 }
 
 // The four nibble pairs (p, p + 4) of `w` as f16x2, exact, for p = 0..3: (1024 + n_p, 1024 +
@@ -70,10 +80,10 @@ __device__ __forceinline__ uint32_t int4x2_magic_bf16x2(uint32_t w, int p) {
 // moe_tc_prep_i4_kernel for x, write_pass for h).
 __device__ __forceinline__ void int4x8_magic_f16x2(uint32_t w, uint32_t (&p)[4]) {
   const uint32_t w8 = w >> 8;
-  p[0] = (w & 0x000f000fu) | 0x64006400u;
-  p[1] = (w & 0x00f000f0u) | 0x64006400u;
-  p[2] = (w8 & 0x000f000fu) | 0x64006400u;
-  p[3] = (w8 & 0x00f000f0u) | 0x64006400u;
+  p[0] = and_or<0x000f000fu, 0x64006400u>(w);
+  p[1] = and_or<0x00f000f0u, 0x64006400u>(w);
+  p[2] = and_or<0x000f000fu, 0x64006400u>(w8);
+  p[3] = and_or<0x00f000f0u, 0x64006400u>(w8);
 }
 
 // Nibbles p and p + 4 of `w` as the bf16x2 (bf16(q_p s), bf16(q_{p+4} s)), q = nibble - 8:
