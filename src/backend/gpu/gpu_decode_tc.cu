@@ -462,17 +462,37 @@ __device__ __forceinline__ void stage_columns(const TcAct& act, const moe::Plan&
   const int tid = int(threadIdx.x);
   // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
   auto act_row = [&](int n) -> int64_t { return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n); };
-  const int per_col = nwc * kChunkK / 8;  // uint4 of 16-bit activations per column
-  for (int i = tid; i < ncols * per_col; i += kThreads) {
-    const int n = i / per_col, j = i - n * per_col;
-    const uint4* src = reinterpret_cast<const uint4*>(act.data + act_row(n) * act.stride + w0 * kChunkK + 8 * j);
+  // Calls body(n, j, act_row(n)) for (n, j) = (i / per, i % per), i = tid, tid + kThreads, ... below
+  // ncols x per: two divisions up front, then steps (i + kThreads adds kThreads / per to n and
+  // kThreads % per to j, carrying once), and act_row once per column the thread meets. This runs
+  // before each window's math, on its critical path; a runtime division is ~20 dependent
+  // instructions.
+  auto walk = [&](int per, auto&& body) {
+    int n = tid / per, j = tid - n * per, row_n = -1;
+    const int dn = kThreads / per, dj = kThreads - dn * per;
+    int64_t row = 0;
+    while (n < ncols) {
+      if (n != row_n) {
+        row = act_row(n);
+        row_n = n;
+      }
+      body(n, j, row);
+      n += dn;
+      j += dj;
+      if (j >= per) {
+        j -= per;
+        ++n;
+      }
+    }
+  };
+  walk(nwc * kChunkK / 8, [&](int n, int j, int64_t row) {  // uint4 of 16-bit activations per column
+    const uint4* src = reinterpret_cast<const uint4*>(act.data + row * act.stride + w0 * kChunkK + 8 * j);
     *reinterpret_cast<uint4*>(s_b + n * sl.row_u16 + 8 * j) = kGateUp ? *src : __ldcg(src);
-  }
-  for (int i = tid; i < ncols * nwc * kAux; i += kThreads) {
-    const int n = i / (nwc * kAux), j = i - n * (nwc * kAux);
-    const float* src = act.aux + act_row(n) * act.aux_stride + w0 * kAux + j;
+  });
+  walk(nwc * kAux, [&](int n, int j, int64_t row) {
+    const float* src = act.aux + row * act.aux_stride + w0 * kAux + j;
     s_inv[n * window * kAux + j] = kGateUp ? *src : __ldcg(src);
-  }
+  });
 }
 // FP8: the block scales of window [w0, w_end) for the CTA's 128-row block (scale rows fp8_scale[m]).
 template <int kMats>
