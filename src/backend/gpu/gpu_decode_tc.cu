@@ -463,10 +463,10 @@ __device__ __forceinline__ void stage_columns(const TcAct& act, const moe::Plan&
   // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
   auto act_row = [&](int n) -> int64_t { return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n); };
   // Calls body(n, j, act_row(n)) for (n, j) = (i / per, i % per), i = tid, tid + kThreads, ... below
-  // ncols x per: two divisions up front, then steps (i + kThreads adds kThreads / per to n and
-  // kThreads % per to j, carrying once), and act_row once per column the thread meets. This runs
-  // before each window's math, on its critical path; a runtime division is ~20 dependent
-  // instructions.
+  // ncols x per (per > 0: nwc >= 1, kAux >= 1): two divisions up front, then steps (i + kThreads
+  // adds kThreads / per to n and kThreads % per to j, carrying once), and act_row once per column
+  // the thread meets. This runs before each window's math, on its critical path; a runtime division
+  // is ~20 dependent instructions.
   auto walk = [&](int per, auto&& body) {
     int n = tid / per, j = tid - n * per, row_n = -1;
     const int dn = kThreads / per, dj = kThreads - dn * per;
