@@ -1034,15 +1034,16 @@ struct TcQueue {
 // ends, with the ticket taken one or two items ahead, measured slower on an H100 at batch 1-8 and
 // was dropped: docs/performance.md, session 19.)
 // kProbe (bench only, MoeTcArgs::probe): bit 0 skips the gate/up items' arithmetic, bit 1 the down
-// items'; 4 skips every weight copy instead (MoeTcProbe::MathOnly).
+// items'; kProbeArgMathOnly skips every weight copy instead (MoeTcProbe::MathOnly).
+constexpr int kProbeArgMathOnly = 4;
 template <MoeFormat F, bool kRing, int kProbe = 0>
 __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
     moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan_arg, MoeGridPlanArgs grid_plan,
                         TcAct x_act, TcAct h_act, int top_k, int64_t hidden, int64_t inter, TcOut o1, TcOut o2, int w1,
                         int w2, int stage_cols, int kz, int down_tiles, TcQueue q,
                         const MoeRingMap* __restrict__ ring_maps, int ring_off) {
-  constexpr int kGateUpProbe = kProbe == 4 ? kProbeNoCopy : (kProbe & 1) != 0 ? kProbeNoMath : 0;
-  constexpr int kDownProbe = kProbe == 4 ? kProbeNoCopy : (kProbe & 2) != 0 ? kProbeNoMath : 0;
+  constexpr int kGateUpProbe = kProbe == kProbeArgMathOnly ? kProbeNoCopy : (kProbe & 1) != 0 ? kProbeNoMath : 0;
+  constexpr int kDownProbe = kProbe == kProbeArgMathOnly ? kProbeNoCopy : (kProbe & 2) != 0 ? kProbeNoMath : 0;
   __shared__ unsigned s_item, s_last;
   __shared__ GridPlan s_plan;
   const moe::Plan plan = grid_plan.ids != nullptr ? build_grid_plan(grid_plan, s_plan) : plan_arg;  // uniform
@@ -1189,7 +1190,7 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
         if (a.probe == 1) kernel = moe_tc_fused_kernel<F, kRing, 1>;
         if (a.probe == 2) kernel = moe_tc_fused_kernel<F, kRing, 2>;
         if (a.probe == 3) kernel = moe_tc_fused_kernel<F, kRing, 3>;
-        if (a.probe == 4) kernel = moe_tc_fused_kernel<F, kRing, 4>;
+        if (a.probe == kProbeArgMathOnly) kernel = moe_tc_fused_kernel<F, kRing, kProbeArgMathOnly>;
       }
       if constexpr (kRing) opt_in_smem(kernel, smem_for(stage));
       mma::launch_maybe_pdl(kernel, dim3(unsigned(a.fused_ctas)), dim3(kThreads), smem_for(stage), true, stream,
