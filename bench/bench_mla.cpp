@@ -141,7 +141,7 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
     gpu::set_mla_decode_kernel(*be, gpu::MlaDecodeKernel::Auto);
     gpu::set_mla_decode_merge(*be, Merge::Auto);
     const std::string name = fmt::format("absorbed decode, batch {} x ctx {}, {} heads{}{}{}", seqs, ctx, heads,
-                                         heads % 16 ? " (padded to 16)" : "",
+                                         heads % 16 ? " (a partial 16-head tile)" : "",
                                          forced ? fmt::format(" [{} forced]", kForcedTag[forced] + 1) : "",
                                          kMergeTag[int(merge)]);
     if (heads == 128)

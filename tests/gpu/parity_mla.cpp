@@ -244,8 +244,9 @@ TEST(GpuParityMla, AbsorbedTensorCoreLongContextAndMixed) {
 // (block sizes 1, 7, 16 and 100 against 32- and 64-key units: several blocks per unit, units across
 // block edges) and the split merge where the grid has <= 4 splits: in a thread-block cluster (on
 // sm_90), by the last CTA of each tile (tickets) or by the combine kernel. The geometries (split counts from num_splits_for on
-// 132 SMs): 5 tokens x 16 / 20 / 128 heads, ~14-23 splits (always the combine kernel), 2999 / 1100
-// keys leave empty splits and 1 / 65 keys run direct; 64 tokens x 16 heads, two 32-key CTAs per SM
+// 132 SMs): 5 tokens x 12 / 16 / 20 / 128 heads (12 and 20: a partial head tile, taken by the kernel),
+// ~14-23 splits (always the combine kernel), 2999 / 1100 keys leave empty splits and 1 / 65 keys run
+// direct; 64 tokens x 16 or 12 heads, two 32-key CTAs per SM
 // with 4 splits (ctx 560 = 9 tiles: split 3 is empty); 32 tokens x 16 heads, one 64-key CTA per SM
 // with 4 splits; 40 tokens x 128 heads with the mma.sync kernel forced, 32-head CTAs with 3 splits.
 struct MergeGuard {
@@ -282,8 +283,8 @@ TEST(GpuParityMla, AbsorbedTensorCoreSplitMergeAndBlockSizes) {
     MergeGuard guard(merge);
     for (int block_size : {1, 7, 16, 100}) {
       const std::vector<SeqSpec> few = {{1, 2999}, {1, 1}, {1, 1100}, {1, 65}, {1, 130}};
-      for (int heads : {16, 20, 128}) run_case(few, heads, block_size, tag + " seqs " + seqs_name(few));
-      run_case(wide, 16, block_size, tag + " 64 tokens ctx <= 600");
+      for (int heads : {12, 16, 20, 128}) run_case(few, heads, block_size, tag + " seqs " + seqs_name(few));
+      for (int heads : {16, 12}) run_case(wide, heads, block_size, tag + " 64 tokens ctx <= 600");
     }
     run_case(mid, 16, 16, tag + " 32 tokens ctx <= 900");
     gpu::set_mla_decode_kernel(gpu_backend(), gpu::MlaDecodeKernel::MmaSync);
@@ -331,7 +332,7 @@ TEST(GpuParityMla, AbsorbedTensorCoreGraphReplayContexts) {
     }
   };
   const std::vector<std::vector<int32_t>> two = {{100, 300}, {128, 2}, {129, 65}, {1100, 300}, {700, 1}};
-  for (int heads : {16, 20, 128}) run({{1, 1100}, {1, 300}}, heads, two);  // 20: the head padding is captured too
+  for (int heads : {12, 16, 20, 128}) run({{1, 1100}, {1, 300}}, heads, two);  // 12, 20: a partial head tile
   std::vector<SeqSpec> wide(64, SeqSpec{1, 600});
   std::vector<std::vector<int32_t>> wide_steps;
   for (int32_t base : {600, 300, 129, 64}) {  // ~10, 4-5, 2-3 and 1 tiles: 4, 2-3, 1-2 and 1 splits in use

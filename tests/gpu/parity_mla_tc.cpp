@@ -14,13 +14,16 @@ namespace {
 
 // One call: batch arrays on both sides, a random BF16 cache (NaN past each context), random q, poisoned
 // out. q_pad >= 0 overrides q's and out's row padding (an odd pad leaves rows 4-byte aligned only:
-// the kernels' scalar q staging and output stores).
+// the kernels' scalar q staging and output stores). live > 0: q and out hold only the first `live` of
+// the `heads` the kernel computes (MlaDecodeTcArgs::heads_live), so a store past them lands in the
+// next row's heads (or past the buffer) and fails the comparison or the stray-write check.
 void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int block_size, bool strided,
-             int q_pad = -1, gpu::MlaDecodeKernel kernel = gpu::MlaDecodeKernel::Auto) {
+             int q_pad = -1, gpu::MlaDecodeKernel kernel = gpu::MlaDecodeKernel::Auto, int live = 0) {
   auto b = make_twin_batch(rng, seqs, block_size);
   const int64_t n = int64_t(seqs.size()), tokens = b->tokens, num_blocks = b->num_blocks;
 
-  const ops::MlaDims d = deepseek_mla_dims(heads);
+  const int present = live > 0 ? live : heads;
+  const ops::MlaDims d = deepseek_mla_dims(present);
   const int64_t kv_dim = d.kv_dim(), r = d.kv_lora_rank, pad = strided ? 8 : 0;
   Twin cache = twin_random(rng, DType::BF16, {num_blocks, block_size, kv_dim});
   // The rows past each sequence's context (the tail of its last block) hold NaN: a kernel may load
@@ -32,8 +35,8 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int
       std::fill_n(rows + b->slot_of(s, pos) * kv_dim, kv_dim, uint16_t(0x7FC0));
   }
   sync_to_device(cache);
-  Twin q = twin_random(rng, DType::F32, {tokens, heads, kv_dim + (q_pad >= 0 ? q_pad : pad)}).slice(2, 0, kv_dim);
-  Twin out = twin_output(DType::F32, {tokens, heads, r + (q_pad >= 0 ? q_pad : pad)}).slice(2, 0, r);
+  Twin q = twin_random(rng, DType::F32, {tokens, present, kv_dim + (q_pad >= 0 ? q_pad : pad)}).slice(2, 0, kv_dim);
+  Twin out = twin_output(DType::F32, {tokens, present, r + (q_pad >= 0 ? q_pad : pad)}).slice(2, 0, r);
 
   cpu_backend().mla_attention_absorbed(q.cpu, cache.cpu, b->cpu, d, out.cpu);
 
@@ -50,6 +53,7 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int
   a.num_seqs = int(n);
   a.num_tokens = int(tokens);
   a.num_heads = heads;
+  a.heads_live = live;
   a.kv_lora_rank = int(r);
   a.rope_dim = d.qk_rope_head_dim;
   a.softmax_scale = d.softmax_scale;
@@ -70,7 +74,7 @@ void tc_case(std::mt19937& rng, int heads, const std::vector<SeqSpec>& seqs, int
   // convex mix of cache values, so its error is a few 2^-9 of max|out| (measured <= 2e-3 at max 1).
   float big = 0.0f;
   for (float v : cpu_values(out)) big = std::max(big, std::fabs(v));
-  std::string name = fmt::format("H {} bs {} {} q_pad {} kernel {} ws {} seqs", heads, block_size,
+  std::string name = fmt::format("H {} live {} bs {} {} q_pad {} kernel {} ws {} seqs", heads, live, block_size,
                                  strided ? "strided" : "dense", q_pad, int(kernel), ws_bytes);
   for (const SeqSpec& s : seqs) name += fmt::format(" {}/{}", s.q_len, s.kv_len);
   EXPECT_TRUE(check_parity("mla_decode_tc", name, out,
@@ -148,6 +152,27 @@ TEST(GpuParityMlaTc, EveryMmaSyncGeometry) {
   tc_case(rng, 128, rows(40), 64, false, -1, mma);
   tc_case(rng, 128, {{1, 1100}, {1, 97}}, 16, true, -1, mma);
   tc_case(rng, 16, rows(48), 16, true, -1, mma);
+}
+
+// A partial last head tile taken by the mma.sync kernel itself (heads_live; the dispatcher's path for
+// 12 or 8 heads per rank): 12, 8 and 1 of 16 heads with one split (direct stores), several (cluster
+// merge on sm_90, else the combine kernel) and many (the combine kernel), dense and unaligned rows
+// (the scalar q staging); 20 of 32 heads on 32-head CTAs (mma.sync forced, 40 tokens: the second
+// tile of each token partial) and on 16-head CTAs; 120 of 128 (Auto: never wgmma with a partial tile).
+TEST(GpuParityMlaTc, PartialHeadTile) {
+  if (!tc_available()) GTEST_SKIP() << "no tensor-core MLA decode on this device";
+  std::mt19937 rng(408);
+  const gpu::MlaDecodeKernel automatic = gpu::MlaDecodeKernel::Auto, mma = gpu::MlaDecodeKernel::MmaSync;
+  for (int live : {12, 8, 1}) {
+    tc_case(rng, 16, {{1, 65}}, 64, false, -1, automatic, live);
+    tc_case(rng, 16, {{1, 1100}, {3, 130}, {0, 9}, {1, 1}}, 16, true, -1, automatic, live);
+    tc_case(rng, 16, {{1, 4097}}, 64, false, 3, automatic, live);
+  }
+  std::vector<SeqSpec> forty;
+  for (int i = 0; i < 40; ++i) forty.push_back({1, 1 + (i * 97) % 700});
+  tc_case(rng, 32, forty, 64, true, -1, mma, 20);
+  tc_case(rng, 32, {{1, 1100}, {2, 127}}, 64, true, -1, automatic, 20);
+  tc_case(rng, 128, {{1, 1100}, {1, 97}}, 16, true, -1, automatic, 120);
 }
 
 // q and out rows that are not 16- / 8-byte aligned (row pad 3 floats) take the scalar q staging loop and

@@ -1,7 +1,8 @@
 // Absorbed MLA attention on the GPU (MQA over the latent cache): the dispatcher between the BF16
-// tensor-core decode kernel (gpu_mla_decode_tc.h, heads zero-padded to its tile) and the generic fp32
-// split-KV kernel here, which takes any head count, F32 or BF16 cache and any q_len. The generic
-// kernel trades speed for exactness: fp32 dots and an fp32 online softmax, ~1e-6 from the CPU.
+// tensor-core decode kernel (gpu_mla_decode_tc.h: a partial last head tile taken natively, or
+// zero-padded for the wgmma kernel) and the generic fp32 split-KV kernel here, which takes any head
+// count, F32 or BF16 cache and any q_len. The generic kernel trades speed for exactness: fp32 dots
+// and an fp32 online softmax, ~1e-6 from the CPU.
 #include "backend/gpu/gpu_mla.h"
 #include "backend/gpu/gpu_mla_common.cuh"
 #include "backend/gpu/gpu_mla_decode_sm90a.h"
@@ -253,8 +254,10 @@ void run_generic(GpuBackend& be, const TensorView& q, const CacheView& cache, co
 void run_tensor_core(GpuBackend& be, const TensorView& q, const CacheView& cache, const BatchView& batch,
                      const ops::MlaDims& dims, const TensorView& out) {
   const int64_t num_tokens = q.dim(0), heads = dims.num_heads, rank = dims.kv_lora_rank;
-  // A forced wgmma kernel takes 64-head tiles: pad to those. Auto pads to 16 and takes it when that
-  // count is a multiple of 64 on sm_90 (e.g. 128 heads), else the mma.sync kernel.
+  // The kernels compute whole tiles: 64 heads for a forced wgmma kernel, else 16 (Auto takes wgmma
+  // where that count is a multiple of 64 on sm_90, e.g. 128 heads, else the mma.sync kernel). The
+  // mma.sync kernel takes a partial last tile itself (heads_live: 12 or 8 heads per rank); for the
+  // wgmma kernel, forced or possible, q is copied into a zero-padded tile and out sliced back.
   const MlaDecodeKernel kernel = be.mla_state().decode_kernel;
   const int64_t kv_dim = cache.kv_dim;
   const int64_t heads_padded =
@@ -273,7 +276,10 @@ void run_tensor_core(GpuBackend& be, const TensorView& q, const CacheView& cache
   a.kv_lora_rank = int(rank);
   a.rope_dim = dims.qk_rope_head_dim;
   a.softmax_scale = dims.softmax_scale;
-  const bool padded = heads_padded != heads;
+  const bool partial = heads_padded != heads;
+  const bool padded = partial && (kernel == MlaDecodeKernel::Wgmma ||
+                                  (kernel == MlaDecodeKernel::Auto && heads_padded % kMlaSm90aHeadTile == 0));
+  if (partial && !padded) a.heads_live = int(heads);
   if (padded) {
     a.q_row_stride = heads_padded * kv_dim;
     a.q_head_stride = kv_dim;

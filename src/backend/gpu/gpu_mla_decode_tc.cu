@@ -174,6 +174,12 @@ __device__ __forceinline__ float split_weights(const float* __restrict__ ws_ml, 
 // first kIStep splits' O (independent loads), then one per further kIStep splits; the combine
 // kernel adds a launch, a wait for the whole grid and its own round trips.
 // coef_s: kFusedMaxSplits * kHeads + kHeads floats of shared memory no warp uses any more.
+// Heads present in q and out (MlaDecodeTcArgs::heads_live): rows head0 + r at or past it are computed
+// from zero q and never stored.
+__device__ __forceinline__ int live_heads(const MlaDecodeTcArgs& a) {
+  return a.heads_live > 0 ? a.heads_live : a.num_heads;
+}
+
 template <int kHeads>
 __device__ void merge_if_last(const MlaDecodeTcArgs& a, int token, int head0, int used, const float* ws_o,
                               const float* ws_ml, float* coef_s, unsigned& last_s) {
@@ -236,6 +242,7 @@ __device__ void merge_if_last(const MlaDecodeTcArgs& a, int token, int head0, in
   for (int it = 0; it < kItems; ++it) {
     const int r = r0 + it * (kThreads / kVecs);
     const float inv = inv_s[r];
+    if (head0 + r >= live_heads(a)) continue;
     float* out = a.out + int64_t(token) * a.out_row_stride + int64_t(head0 + r) * a.out_head_stride + col;
     out[0] = acc[it].x * inv; out[1] = acc[it].y * inv; out[2] = acc[it].z * inv; out[3] = acc[it].w * inv;
   }
@@ -271,6 +278,7 @@ __device__ void merge_in_cluster(const MlaDecodeTcArgs& a, int token, int head0,
   }
   for (int idx = rank * kThreads + int(threadIdx.x); idx < kHeads * kVecs; idx += nsplit * kThreads) {
     const int r = idx / kVecs, col = (idx % kVecs) * 4;
+    if (head0 + r >= live_heads(a)) continue;
     float m[kFusedMaxSplits], l[kFusedMaxSplits];
     float4 v[kFusedMaxSplits];
 #pragma unroll
@@ -378,7 +386,8 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   if (tile_begin >= tile_end) {  // empty split (e.g. 9 tiles over 4 splits of 3): contributes nothing
     if (direct) {  // only for an invalid batch (kv_len < q_len): no keys, write zeros
       for (int i = tid; i < kHeads * kRank; i += kThreads)
-        a.out[int64_t(token) * a.out_row_stride + int64_t(head0 + i / kRank) * a.out_head_stride + i % kRank] = 0.0f;
+        if (head0 + i / kRank < live_heads(a))
+          a.out[int64_t(token) * a.out_row_stride + int64_t(head0 + i / kRank) * a.out_head_stride + i % kRank] = 0.0f;
     } else if (kCluster) {
       if (tid < kHeads) {
         m_s[tid] = kNegInf;
@@ -463,7 +472,9 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   // Stage Q (kHeads x 576, fp32 -> bf16) and take this warp's A fragments into registers. The
   // vector path issues all of a thread's float4 loads (9 or 18) before converting any: one memory
   // round trip instead of a chain of dependent scalar ones (a batch-1 call is mostly latency).
+  // Heads past heads_live stage as zero rows (as the padded copy the dispatcher once made).
   const float* q_tok = a.q + int64_t(token) * a.q_row_stride + int64_t(head0) * a.q_head_stride;
+  const int q_rows = min(kHeads, live_heads(a) - head0);
   if (q_vec) {  // host-checked: q 16-byte aligned, strides multiples of 4 floats
     constexpr int kVecPerRow = kKvDim / 4, kVecPerThread = kHeads * kVecPerRow / kThreads;
     static_assert(kHeads * kVecPerRow % kThreads == 0);
@@ -471,7 +482,8 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
 #pragma unroll
     for (int i = 0; i < kVecPerThread; ++i) {
       const int idx = tid + i * kThreads, h = idx / kVecPerRow, c = (idx % kVecPerRow) * 4;
-      v[i] = *reinterpret_cast<const float4*>(q_tok + int64_t(h) * a.q_head_stride + c);
+      v[i] = h < q_rows ? *reinterpret_cast<const float4*>(q_tok + int64_t(h) * a.q_head_stride + c)
+                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int i = 0; i < kVecPerThread; ++i) {
@@ -483,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   } else {
     for (int idx = tid; idx < kHeads * kKvDim; idx += kThreads) {
       const int h = idx / kKvDim, d = idx % kKvDim;
-      q_s[h * kRowElems + d] = f32_to_bf16_bits(q_tok[int64_t(h) * a.q_head_stride + d]);
+      q_s[h * kRowElems + d] = h < q_rows ? f32_to_bf16_bits(q_tok[int64_t(h) * a.q_head_stride + d]) : uint16_t(0);
     }
   }
   __syncthreads();
@@ -673,15 +685,20 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
     const int r_lo = m * 16 + g, r_hi = r_lo + 8;
     if (direct) {
       const float inv_lo = 1.0f / l_s[r_lo], inv_hi = 1.0f / l_s[r_hi];
+      const bool live_lo = head0 + r_lo < live_heads(a), live_hi = head0 + r_hi < live_heads(a);
       float* out_lo = a.out + int64_t(token) * a.out_row_stride + int64_t(head0 + r_lo) * a.out_head_stride;
       float* out_hi = a.out + int64_t(token) * a.out_row_stride + int64_t(head0 + r_hi) * a.out_head_stride;
 #pragma unroll
       for (int nt = 0; nt < kNTilesPerWarp; ++nt) {
         const int col = warp * kColsPerWarp + nt * 8 + 2 * t4;
-        out_lo[col] = o[m][nt][0] * inv_lo;
-        out_lo[col + 1] = o[m][nt][1] * inv_lo;
-        out_hi[col] = o[m][nt][2] * inv_hi;
-        out_hi[col + 1] = o[m][nt][3] * inv_hi;
+        if (live_lo) {
+          out_lo[col] = o[m][nt][0] * inv_lo;
+          out_lo[col + 1] = o[m][nt][1] * inv_lo;
+        }
+        if (live_hi) {
+          out_hi[col] = o[m][nt][2] * inv_hi;
+          out_hi[col + 1] = o[m][nt][3] * inv_hi;
+        }
       }
     } else {
       float* po_lo = ws_o + (part_row + size_t(r_lo)) * kRank;
@@ -716,7 +733,7 @@ __global__ void __launch_bounds__(kRank / 4) mla_decode_tc_combine_kernel(MlaDec
   const int used = splits_in_use(max(0, (tr.limit + kKeys - 1) / kKeys), num_splits);
   pdl_wait();  // every CTA waits, also those that return: this grid's end implies its predecessor's
   pdl_trigger();  // the next grid (expand_v's matvec) may start issuing its weight loads
-  if (used == 1) return;
+  if (used == 1 || head >= live_heads(a)) return;
   const size_t rows = size_t(a.num_tokens) * size_t(a.num_heads);
   const size_t row = size_t(token) * size_t(a.num_heads) + size_t(head);
   const float* ws_o = static_cast<const float*>(a.workspace);
@@ -783,11 +800,13 @@ int num_splits_for(int num_tokens, int num_heads, int heads_per_block, int ctas_
 DecodePlan plan_for(const MlaDecodeTcArgs& args) {
   DecodePlan p;
   const int64_t sms = sm_count();
-  const bool wg_ok = args.kernel != MlaDecodeKernel::MmaSync &&
+  const bool partial = args.heads_live > 0 && args.heads_live < args.num_heads;  // the mma.sync kernel's alone
+  const bool wg_ok = args.kernel != MlaDecodeKernel::MmaSync && !partial &&
                      mla_decode_sm90a_supported(args.num_heads, args.kv_lora_rank, args.rope_dim);
   MLA_CHECK(wg_ok || args.kernel != MlaDecodeKernel::Wgmma,
-            "mla_decode_tc: wgmma kernel forced but unsupported ({} heads, want a multiple of {} on sm_90)",
-            args.num_heads, kMlaSm90aHeadTile);
+            "mla_decode_tc: wgmma kernel forced but unsupported ({} heads, {} live; want all of a multiple of {} "
+            "on sm_90)",
+            args.num_heads, args.heads_live, kMlaSm90aHeadTile);
   const int64_t wg_ctas = int64_t(args.num_tokens) * (args.num_heads / kMlaSm90aHeadTile);
   p.wgmma = wg_ok && (args.kernel == MlaDecodeKernel::Wgmma || 2 * wg_ctas >= sms);
   if (p.wgmma) {
@@ -908,6 +927,10 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream) {
             args.kv_lora_rank, args.rope_dim);
   MLA_CHECK(args.num_heads > 0 && args.num_heads % kHeadTile == 0, "mla_decode_tc: {} heads, want a multiple of {}",
             args.num_heads, kHeadTile);
+  MLA_CHECK(args.heads_live == 0 ||
+                (args.heads_live > 0 && args.heads_live <= args.num_heads && args.num_heads - args.heads_live < kHeadTile),
+            "mla_decode_tc: {} live heads of {} (want 0, or a partial last tile only)", args.heads_live,
+            args.num_heads);
   MLA_CHECK(args.num_tokens >= 0 && args.num_tokens <= 65535 && args.num_seqs >= 0,
             "mla_decode_tc: {} tokens (max 65535), {} seqs", args.num_tokens, args.num_seqs);
   if (args.num_tokens == 0) return;

@@ -1,7 +1,9 @@
 // Tensor-core MLA decode (absorbed form, MQA over the latent) for a BF16 paged latent cache.
 // Declared constraints (the dispatcher in gpu_mla.cu checks them and pads or falls back):
-//   - query heads a multiple of kMlaTcHeadTile (the dispatcher zero-pads 1..127 heads up to the tile
-//     and slices the output back);
+//   - query heads a multiple of kMlaTcHeadTile; the mma.sync kernel also takes a partial last tile
+//     itself (MlaDecodeTcArgs::heads_live: 12 or 8 heads per rank run as a 16-head tile with zero q
+//     rows and no stores for the missing heads), the wgmma kernel does not (the dispatcher zero-pads
+//     q to its 64-head tiles and slices the output back);
 //   - cache BF16 [num_blocks, block_size, kv_lora_rank + rope_dim] with kv_lora_rank = 512 and
 //     rope_dim = 64 (DeepSeek-V3 / Kimi geometry);
 //   - an NVIDIA GPU with mma.sync bf16 (sm_80+); on HIP builds mla_decode_tc_supported() is false.
@@ -48,8 +50,8 @@ enum class MlaDecodeMerge {
 };
 constexpr int kMlaDecodeMaxFusedSplits = 4;
 
-// One call's arguments. q/out are F32 views with heads padded to `num_heads` (a tile multiple);
-// indptr arrays are device I32 (see ops::AttentionBatch).
+// One call's arguments. The kernels compute `num_heads` heads (a tile multiple); q/out hold the first
+// heads_live of them (0: all); indptr arrays are device I32 (see ops::AttentionBatch).
 struct MlaDecodeTcArgs {
   const float* q = nullptr;        // [T, num_heads, kv_lora_rank + rope_dim], row stride q_row_stride
   int64_t q_row_stride = 0, q_head_stride = 0;
@@ -60,6 +62,12 @@ struct MlaDecodeTcArgs {
   const int32_t* block_indptr = nullptr;
   const int32_t* block_ids = nullptr;
   int num_seqs = 0, num_tokens = 0, num_heads = 0;
+  // Heads present in q and out, the first heads_live of num_heads (0 or num_heads: all). The heads
+  // past it read as zero q and are never stored (their partials fill workspace rows the grid owns
+  // anyway). The mma.sync kernel only: Auto then never picks wgmma, and forcing Wgmma fails. Why:
+  // zero-padding q to the tile and slicing out back took two more kernels; the padded 12- and 8-head
+  // bench rows read 6-7 points below 16 heads on the H200, ~9 us per call (performance.md, session 25).
+  int heads_live = 0;
   int kv_lora_rank = 0, rope_dim = 0;
   // The launch grid may depend only on num_tokens / num_heads (fixed per captured graph), never on
   // kv_lens contents: a graph replays the same grid while contexts grow. Split-KV ranges are derived
