@@ -155,10 +155,13 @@ TEST(GpuParityMlaTc, EveryMmaSyncGeometry) {
 }
 
 // A partial last head tile taken by the mma.sync kernel itself (heads_live; the dispatcher's path for
-// 12 or 8 heads per rank): 12, 8 and 1 of 16 heads with one split (direct stores), several (cluster
-// merge on sm_90, else the combine kernel) and many (the combine kernel), dense and unaligned rows
-// (the scalar q staging); 20 of 32 heads on 32-head CTAs (mma.sync forced, 40 tokens: the second
-// tile of each token partial) and on 16-head CTAs; 120 of 128 (Auto: never wgmma with a partial tile).
+// 12 or 8 heads per rank): 12, 8 and 1 of 16 heads with one split (direct stores) and many (the
+// combine kernel), dense and unaligned rows (the scalar q staging); 20 of 32 heads on 32-head CTAs
+// (mma.sync forced; 140 tokens x 1 tile of 32 >= the SMs of an H100 / H200, so plan_for takes that
+// geometry: the CTA's second m16 tile is partial) and on 16-head CTAs (the second tile partial);
+// 120 of 128 at a batch where Auto would take wgmma with every head present (never with a partial
+// tile). The cluster and ticket merges meet a partial tile in the dispatcher tests (12 heads,
+// GpuParityMla).
 TEST(GpuParityMlaTc, PartialHeadTile) {
   if (!tc_available()) GTEST_SKIP() << "no tensor-core MLA decode on this device";
   std::mt19937 rng(408);
@@ -168,11 +171,14 @@ TEST(GpuParityMlaTc, PartialHeadTile) {
     tc_case(rng, 16, {{1, 1100}, {3, 130}, {0, 9}, {1, 1}}, 16, true, -1, automatic, live);
     tc_case(rng, 16, {{1, 4097}}, 64, false, 3, automatic, live);
   }
-  std::vector<SeqSpec> forty;
-  for (int i = 0; i < 40; ++i) forty.push_back({1, 1 + (i * 97) % 700});
-  tc_case(rng, 32, forty, 64, true, -1, mma, 20);
+  std::vector<SeqSpec> many;
+  for (int i = 0; i < 140; ++i) many.push_back({1, 1 + (i * 97) % 700});
+  tc_case(rng, 32, many, 64, true, -1, mma, 20);
   tc_case(rng, 32, {{1, 1100}, {2, 127}}, 64, true, -1, automatic, 20);
-  tc_case(rng, 128, {{1, 1100}, {1, 97}}, 16, true, -1, automatic, 120);
+  // 70 tokens x 2 tiles of 64 heads would take the wgmma kernel with all 128 heads present.
+  std::vector<SeqSpec> seventy;
+  for (int i = 0; i < 70; ++i) seventy.push_back({1, 1 + (i * 131) % 600});
+  tc_case(rng, 128, seventy, 16, true, -1, automatic, 120);
 }
 
 // q and out rows that are not 16- / 8-byte aligned (row pad 3 floats) take the scalar q staging loop and
