@@ -565,11 +565,25 @@ struct TcDeps {
   unsigned* h_written = nullptr;      // gate/up: +1 once this tile's h is written and visible
 };
 
-// ld.acquire at GPU scope: a counter another CTA of this grid raises after a fence.
+// ld.acquire at GPU scope: a counter another CTA of this grid raises with a release.
 __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+// One thread's release (and acquire) at GPU scope for its whole CTA, after a barrier: the CTA's
+// stores before that barrier are ordered before the counter's update (release is cumulative over
+// what the barrier ordered before it), and for the acq_rel add, the loads after the next barrier
+// after the other CTAs' released stores (those loads go to L2: __ldcg). One fence for the CTA
+// instead of __threadfence in every thread (fence.sc.gpu: MEMBAR.SC.GPU and an L1 invalidation per
+// thread in the SASS): INT4 +0.6 points at batch 1-2 and the math-only row +3.5 (H100, session 27).
+__device__ __forceinline__ void red_release_gpu(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
 }
 
 // One work item of either grid: (expert slot, 64-row tile, K half z of kz) of gate/up, or (slot,
@@ -893,12 +907,10 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
         for (int m = 0; m < kMats; ++m)
 #pragma unroll
           for (int i = 0; i < 4; ++i) mine[(m * 4 + i) * kThreads] = z == 0 ? acc_lo[m][i] : acc[m][i];
-        __threadfence();  // the partial is visible before the ticket
-        __syncthreads();
-        if (tid == 0) s_klast = atomicAdd(out.k_tickets + tile_id, 1u) == 1u ? 1u : 0u;
+        __syncthreads();  // every thread's partial, then the ticket (released and acquired by thread 0)
+        if (tid == 0) s_klast = atom_add_acq_rel_gpu(out.k_tickets + tile_id, 1u) == 1u ? 1u : 0u;
         __syncthreads();
         if (s_klast == 0u) return;  // uniform: the other half's CTA finishes the tile
-        __threadfence();
         if (tid == 0) out.k_tickets[tile_id] = 0u;  // both CTAs took theirs: zero for the next call
         const float* other = out.k_part + (tile_id * 2 + size_t(z ^ 1)) * (kMats * 4 * kThreads) + tid;
 #pragma unroll
@@ -921,9 +933,8 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   }
   if constexpr (kGateUp) {
     if (deps.h_written != nullptr) {  // release: every thread's h stores, then the count
-      __threadfence();
       __syncthreads();
-      if (tid == 0) atomicAdd(deps.h_written, 1u);
+      if (tid == 0) red_release_gpu(deps.h_written, 1u);
     }
   }
 }
