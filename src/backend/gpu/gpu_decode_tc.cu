@@ -521,8 +521,10 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // bit-identical to the register path.
 // Stage layout (per warp): weights [kMats][16 rows][kRingChunks x 64 B] | INT4 scales [kMats][16
 // rows][16 B] (chunk j's 4 group scales at 8 j). A fragment load (8 lanes per 128-byte phase: rows 2q,
-// 2q + 1, pieces t) meets a 2-way bank conflict (rows 128 B apart): shared-memory bandwidth is not
-// what bounds this kernel, and padding the rows would cost a third of the ring.
+// 2q + 1, pieces t) meets a 2-way bank conflict (rows 128 B apart): ncu (H100, session 27) counts
+// 43-45% of the kernel's shared wavefronts as excess, at 0.27-0.31 instructions issued per cycle.
+// Padding the rows would cost a third of the ring; storing each stage chunk-major (a 16 x 64 B box
+// per chunk, rows 64 B apart) would not, and waits to be timed (docs/performance.md, session 27).
 // Chunks per stage: INT4 scale boxes of 2 x 8 B = 16 B, the narrowest box a tensor map takes.
 constexpr int kRingChunks = 2;
 constexpr int kRingRowBytes = kRingChunks * 64;  // a row's bytes per stage (a chunk: 64 B of a row, either format)
