@@ -462,37 +462,67 @@ __device__ __forceinline__ void stage_columns(const TcAct& act, const moe::Plan&
   const int tid = int(threadIdx.x);
   // Activation row of column n: the token (gate/up: x16 rows) or the sorted position (down: h rows).
   auto act_row = [&](int n) -> int64_t { return kGateUp ? int64_t(plan.sorted[p0 + n] / top_k) : int64_t(p0 + n); };
-  // Calls body(n, j, act_row(n)) for (n, j) = (i / per, i % per), i = tid, tid + kThreads, ... below
-  // ncols x per (per > 0: nwc >= 1, kAux >= 1): two divisions up front, then steps (i + kThreads
-  // adds kThreads / per to n and kThreads % per to j, carrying once), and act_row once per column
-  // the thread meets. This runs before each window's math, on its critical path; a runtime division
-  // is ~20 dependent instructions.
-  auto walk = [&](int per, auto&& body) {
+  // Calls visit(b, n, j, act_row(n)) for (n, j) = (i / per, i % per), i = tid, tid + kThreads, ...
+  // below ncols x per (per > 0: nwc >= 1, kAux >= 1), b counting 0 .. kBatch - 1 within each batch
+  // of kBatch elements, and flush() after each batch: two divisions up front, then steps (i +
+  // kThreads adds kThreads / per to n and kThreads % per to j, carrying once), and act_row once per
+  // column the thread meets. This runs before each window's math, on its critical path; a runtime
+  // division is ~20 dependent instructions.
+  auto walk = [&]<int kBatch>(int per, auto&& visit, auto&& flush) {
     int n = tid / per, j = tid - n * per, row_n = -1;
     const int dn = kThreads / per, dj = kThreads - dn * per;
     int64_t row = 0;
     while (n < ncols) {
-      if (n != row_n) {
-        row = act_row(n);
-        row_n = n;
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (n >= ncols) break;
+        if (n != row_n) {
+          row = act_row(n);
+          row_n = n;
+        }
+        visit(b, n, j, row);
+        n += dn;
+        j += dj;
+        if (j >= per) {
+          j -= per;
+          ++n;
+        }
       }
-      body(n, j, row);
-      n += dn;
-      j += dj;
-      if (j >= per) {
-        j -= per;
-        ++n;
-      }
+      flush();
     }
   };
-  walk(nwc * kChunkK / 8, [&](int n, int j, int64_t row) {  // uint4 of 16-bit activations per column
-    const uint4* src = reinterpret_cast<const uint4*>(act.data + row * act.stride + w0 * kChunkK + 8 * j);
-    *reinterpret_cast<uint4*>(s_b + n * sl.row_u16 + 8 * j) = kGateUp ? *src : __ldcg(src);
-  });
-  walk(nwc * kAux, [&](int n, int j, int64_t row) {
-    const float* src = act.aux + row * act.aux_stride + w0 * kAux + j;
-    s_inv[n * window * kAux + j] = kGateUp ? *src : __ldcg(src);
-  });
+  // The 16-bit rows by cp.async (L2 only, as h must be read: other CTAs of the fused grid write it),
+  // all issued before any lands; then the aux values through registers, kAuxBatch loads in flight
+  // at a time, while those copies fly. A loop of load-then-store waits out one L2 round trip per
+  // element a thread stages (ptxas does not pipeline it: 4-5 round trips per gate/up item at batch
+  // 1, before the item's math can start); this way the staging costs about one. H200 (session 28):
+  // INT4 +1.6 / +2.1 / +3.0 / +3.0 points of copy bandwidth at batch 1 / 2 / 4 / 8, FP8 +0 to +1.
+  walk.template operator()<1>(
+      nwc * kChunkK / 8,
+      [&](int, int n, int j, int64_t row) {  // uint4 of 16-bit activations per column
+        mma::cp_async16(mma::smem_addr(s_b + n * sl.row_u16 + 8 * j), act.data + row * act.stride + w0 * kChunkK + 8 * j,
+                        16);
+      },
+      [] {});
+  mma::cp_async_commit();
+  constexpr int kAuxBatch = 4;
+  float v[kAuxBatch] = {};
+  int at[kAuxBatch] = {-1, -1, -1, -1};  // s_inv index of v[b], -1 where the batch ended early
+  walk.template operator()<kAuxBatch>(
+      nwc * kAux,
+      [&](int b, int n, int j, int64_t row) {
+        const float* src = act.aux + row * act.aux_stride + w0 * kAux + j;
+        v[b] = kGateUp ? *src : __ldcg(src);
+        at[b] = n * window * kAux + j;
+      },
+      [&] {
+#pragma unroll
+        for (int b = 0; b < kAuxBatch; ++b) {
+          if (at[b] >= 0) s_inv[at[b]] = v[b];
+          at[b] = -1;
+        }
+      });
+  mma::cp_async_wait_all();  // this thread's copies; the caller's barrier makes every thread's visible
 }
 // FP8: the block scales of window [w0, w_end) for the CTA's 128-row block (scale rows fp8_scale[m]).
 template <int kMats>
@@ -523,8 +553,10 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // rows][16 B] (chunk j's 4 group scales at 8 j). A fragment load (8 lanes per 128-byte phase: rows 2q,
 // 2q + 1, pieces t) meets a 2-way bank conflict (rows 128 B apart): ncu (H100, session 27) counts
 // 43-45% of the kernel's shared wavefronts as excess, at 0.27-0.31 instructions issued per cycle.
-// Padding the rows would cost a third of the ring; storing each stage chunk-major (a 16 x 64 B box
-// per chunk, rows 64 B apart) would not, and waits to be timed (docs/performance.md, session 27).
+// Padding the rows would cost a third of the ring. Storing each stage chunk-major (a 16 x 64 B box
+// per chunk, rows 64 B apart) removes the conflict and was timed on the H200 (session 28): the
+// grid without copies got 3-7 points faster, the op 0.3-1.1 points slower (twice the boxes per
+// stage), so the layout stays.
 // Chunks per stage: INT4 scale boxes of 2 x 8 B = 16 B, the narrowest box a tensor map takes.
 constexpr int kRingChunks = 2;
 constexpr int kRingRowBytes = kRingChunks * 64;  // a row's bytes per stage (a chunk: 64 B of a row, either format)
