@@ -605,14 +605,14 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16RingBitIdentical) {
 
 // INT4 h reaches the down items as f16 under a power-of-two scale per token and 64-k chunk (each
 // gate/up tile's own max), not one per row: a chunk 2^40 below its neighbours keeps its precision.
-// Each expert's up rows [0, 64) have their group scales x 2^-40 (h there ~1e-12, the other 192 rows
+// Each expert's up rows [0, 64) have their group scales x 2^-40 (h there ~1e-12, the other 448 rows
 // O(1)) and the down weights' groups past k = 64 scale 0, so y is the tiny chunk's contribution
 // alone (one scale per row would flush it to f16 zero). Fused ring grid (T = 1 takes the K split),
 // two grids, and register bursts; against the CPU with tc_tol scaled by the same 2^-40.
 TEST(GpuParityMoe, TensorCoreDecodeBf16HChunkScale) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
-  const int64_t hidden = 256, inter = 256;
+  const int64_t hidden = 256, inter = 512;  // the smallest shape with the rings (moe_tc_ring_ok)
   const WeightTweak tweak = [&](TestWeight& w, int m) {
     auto* scale = static_cast<uint16_t*>(w.w.scale.data);
     const int64_t groups = w.w.scale.shape[1];

@@ -540,39 +540,51 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // CTAs per SM is already reached (H200 INT4: 43-66% of copy bandwidth at batch 1-4, where Little's
 // law asks for ~6-8.5 MB in flight, 48-64 KB per SM; performance.md, session 18). Here each warp
 // streams its 16 rows through a ring of shared-memory stages that the copy engine fills, so the
-// bytes in flight cost no registers: 3 of a warp's 4 stages (gate/up) or 7 of 8 (down), 12-16 KB.
-// A stage is 2-D boxes of tensor maps (moe_tc_ring_maps): per matrix, 16 rows x 128 B of weights and
-// 16 rows x 16 B of INT4 scales, completing on the stage's mbarrier. (One 1-D bulk copy per row
+// bytes in flight cost no registers: 3 of a warp's 4 stages, 13.5 KB.
+// A stage is 2-D boxes of tensor maps (moe_tc_ring_maps): per matrix, 16 rows x 64 B per chunk of
+// weights and 16 rows x 8 B per chunk of INT4 scales, completing on the stage's mbarrier. (One 1-D bulk copy per row
 // instead, 64 copies per gate/up stage, read 40-47% of copy bandwidth at every batch on an H100: the
 // copy engine's cost per copy, not the bytes, bounded it.)
 // Each warp owns its ring and refills a stage as soon as it has read it, so no warp ever waits for
 // another (the CTA's barriers stay those of the staging and the outputs). The fragments read from a
 // stage are the same 16-byte pieces the bursts load, consumed in the same chunk order: the sums are
 // bit-identical to the register path.
-// Stage layout (per warp): weights [kMats][16 rows][kRingChunks x 64 B] | INT4 scales [kMats][16
-// rows][16 B] (chunk j's 4 group scales at 8 j). A fragment load (8 lanes per 128-byte phase: rows 2q,
-// 2q + 1, pieces t) meets a 2-way bank conflict (rows 128 B apart): ncu (H100, session 27) counts
+// Stage layout (per warp): weights [kMats][16 rows][kChunks x 64 B] | INT4 scales [kMats][16
+// rows][kChunks x 8 B] (chunk j's 4 group scales at 8 j). A fragment load (8 lanes per 128-byte
+// phase: rows 2q, 2q + 1, pieces t) meets a 2-way bank conflict (rows 128 or 256 B apart): ncu
+// (H100, session 27) counts
 // 43-45% of the kernel's shared wavefronts as excess, at 0.27-0.31 instructions issued per cycle.
 // Padding the rows would cost a third of the ring. Storing each stage chunk-major (a 16 x 64 B box
 // per chunk, rows 64 B apart) removes the conflict and was timed on the H200 (session 28): the
 // grid without copies got 3-7 points faster, the op 0.3-1.1 points slower (twice the boxes per
 // stage), so the layout stays.
-// Chunks per stage: INT4 scale boxes of 2 x 8 B = 16 B, the narrowest box a tensor map takes.
-constexpr int kRingChunks = 2;
-constexpr int kRingRowBytes = kRingChunks * 64;  // a row's bytes per stage (a chunk: 64 B of a row, either format)
+// Chunks per stage (kChunks): gate/up 2, i.e. 4 stages of 2 x (16 x 128 B + 16 x 16 B) in the 18 KB
+// ring (16 B is the narrowest box a tensor map takes; 4 chunks would leave 2 stages). Down 4: 4
+// stages of 16 x 256 B + 16 x 32 B, half the copies and stage boundaries of 2 chunks with the same
+// bytes in flight. A down item (16 KB per warp at DeepSeek-V3 shapes) fits the ring whole either
+// way, so what the copies cost bounds it: INT4 on an H100 (session 29, 4 processes each) read 79.2 /
+// 89.4 / 94.3 / 97.1% of copy at batch 1 / 2 / 4 / 8 against 76.5 / 86.4 / 93.0 / 95.9% with 2, and
+// the grid without arithmetic 84.2 against 81.6% at batch 1.
+constexpr int kRingChunksGateUp = 2, kRingChunksDown = 4;
 constexpr int kRingWarpBytes = 18 * 1024;        // per warp: 72 KB per CTA, 2 CTAs per SM with the staging
 constexpr int kRingMaxStages = 8;
 template <MoeFormat F, int kMats> struct RingGeom {
-  static constexpr int kWBytes = kMats * kTileM * kRingRowBytes;
-  static constexpr int kSBytes = F == MoeFormat::FP8 ? 0 : kMats * kTileM * 16;
+  static constexpr int kChunks = kMats == 1 ? kRingChunksDown : kRingChunksGateUp;
+  static constexpr int kRowBytes = kChunks * 64;  // a row's bytes per stage (a chunk: 64 B of a row, either format)
+  static constexpr int kScaleRowBytes = kChunks * 8;  // INT4: a row's 4 bf16 group scales per chunk
+  static constexpr int kWBytes = kMats * kTileM * kRowBytes;
+  static constexpr int kSBytes = F == MoeFormat::FP8 ? 0 : kMats * kTileM * kScaleRowBytes;
   static constexpr int kStageBytes = kWBytes + kSBytes;
   static constexpr int kStages =
       kRingWarpBytes / kStageBytes < kRingMaxStages ? kRingWarpBytes / kStageBytes : kRingMaxStages;
   static_assert(kStages >= 2 && kStageBytes % 16 == 0 && kMats * kTileM <= 32, "one copy per lane and stage");
 };
-// The ring needs whole stages (every K range the tiles stream starts and ends on a stage); the maps
-// need 16-byte aligned rows (moe_tc_ring_maps checks).
-constexpr int64_t ring_k_multiple(MoeFormat f) { return kRingChunks * chunk_k(f); }
+// The ring needs whole stages (every K range the tiles stream starts and ends on a stage: hidden a
+// multiple of 256, inter of 512 for INT4); the maps need 16-byte aligned rows (moe_tc_ring_maps
+// checks).
+constexpr int64_t ring_k_multiple(MoeFormat f, bool gate_up) {
+  return (gate_up ? kRingChunksGateUp : kRingChunksDown) * chunk_k(f);
+}
 
 struct WarpRing {
   const unsigned char* buf = nullptr;  // this warp's kRingWarpBytes (generic: the fragment loads)
@@ -742,15 +754,15 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
     const int data_map = kGateUp ? m : 2;
     if (lane < kMats) {
       ring_map = ring_maps + int64_t(e) * kMoeRingMapsPerExpert + data_map;
-      ring_dst = uint32_t(m * kTileM * kRingRowBytes);
+      ring_dst = uint32_t(m * kTileM * RG::kRowBytes);
       ring_x_per_chunk = 64;
     } else if (!kFp8 && lane < 2 * kMats) {
       ring_map = ring_maps + int64_t(e) * kMoeRingMapsPerExpert + 3 + data_map;
-      ring_dst = uint32_t(RG::kWBytes + m * kTileM * 16);
+      ring_dst = uint32_t(RG::kWBytes + m * kTileM * RG::kScaleRowBytes);
       ring_x_per_chunk = 8;
     }
     policy = mma::l2_evict_first_policy();
-    ring_per_tile = ((end - begin + stage_cols - 1) / stage_cols) * int((c_hi - c_lo) / kRingChunks);
+    ring_per_tile = ((end - begin + stage_cols - 1) / stage_cols) * int((c_hi - c_lo) / RG::kChunks);
     ring_stages = ring_per_tile * tiles;
   }
   // Issues the item's next stage into its slot (uniform per warp; nothing past the item's last
@@ -768,7 +780,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
       mma::tensor_copy_2d_g2s(ring.buf_s + uint32_t(st * RG::kStageBytes) + ring_dst, ring_map,
                               ring_c * ring_x_per_chunk, int(ring_row), bar, policy);
     ++ring_next;
-    ring_c += kRingChunks;
+    ring_c += RG::kChunks;
     if (ring_c == int(c_hi)) ring_c = int(c_lo);  // the next pass of columns (or tile) starts over
     if (++ring_in_tile == ring_per_tile) {
       ring_in_tile = 0;
@@ -870,7 +882,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
             }
           };
           if constexpr (kRing) {
-            for (int64_t c0 = w0; c0 < w_end; c0 += kRingChunks) {
+            for (int64_t c0 = w0; c0 < w_end; c0 += RG::kChunks) {
               const int st = ring_q % RG::kStages;
               if constexpr (kProbe != kProbeNoCopy) {
                 mma::mbar_wait(ring.bars + 8 * uint32_t(st), (ring.phase >> st) & 1u);
@@ -878,7 +890,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
               }
               const unsigned char* sp = ring.buf + st * RG::kStageBytes;
 #pragma unroll
-              for (int j = 0; j < (kProbe == kProbeNoMath ? 0 : kRingChunks); ++j) {
+              for (int j = 0; j < (kProbe == kProbeNoMath ? 0 : RG::kChunks); ++j) {
                 uint4 av[kMats][2];
                 uint32_t sv[kMats][2];
 #pragma unroll
@@ -886,8 +898,8 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
 #pragma unroll
                   for (int h = 0; h < 2; ++h) {
                     const int row = m * kTileM + g + 8 * h;
-                    av[m][h] = *reinterpret_cast<const uint4*>(sp + row * kRingRowBytes + j * 64 + t * 16);
-                    const unsigned char* sg = sp + RG::kWBytes + row * 16 + j * 8 + 4 * (t & 1);
+                    av[m][h] = *reinterpret_cast<const uint4*>(sp + row * RG::kRowBytes + j * 64 + t * 16);
+                    const unsigned char* sg = sp + RG::kWBytes + row * RG::kScaleRowBytes + j * 8 + 4 * (t & 1);
                     sv[m][h] = kFp8 ? 0u : *reinterpret_cast<const uint32_t*>(sg);
                   }
                 chunk_at(av, sv, c0 + j);
@@ -1302,8 +1314,9 @@ bool moe_tc_ring_maps(const DeviceExpert* host_table, int64_t experts, int64_t h
     for (int i = 0; i < 3; ++i) {
       const int64_t rows = i < 2 ? inter : hidden, k = i < 2 ? hidden : inter;
       // INT4 group-32 weights: k / 2 bytes per row (data_stride in int32 words), bf16 scales.
-      if (!make(m[i], w[i]->data, rows, k / 2, w[i]->data_stride * 4, kRingRowBytes) ||
-          !make(m[3 + i], w[i]->scale, rows, k / 32 * 2, w[i]->scale_stride * 2, 16))
+      const int chunks = i < 2 ? kRingChunksGateUp : kRingChunksDown;  // the stage's RingGeom::kChunks
+      if (!make(m[i], w[i]->data, rows, k / 2, w[i]->data_stride * 4, chunks * 64) ||
+          !make(m[3 + i], w[i]->scale, rows, k / 32 * 2, w[i]->scale_stride * 2, chunks * 8))
         return false;
     }
   }
@@ -1330,7 +1343,7 @@ bool moe_tc_ring_ok(MoeFormat format, int64_t hidden, int64_t inter) {
     return m;
   }();
   return format == MoeFormat::I4_BF16 && major >= 9 && moe_tc_shape_ok(format, hidden, inter) &&
-         hidden % ring_k_multiple(format) == 0 && inter % ring_k_multiple(format) == 0;
+         hidden % ring_k_multiple(format, true) == 0 && inter % ring_k_multiple(format, false) == 0;
 }
 
 void moe_tc_launch(MoeFormat format, const MoeTcArgs& args, Stream stream) {
