@@ -1088,8 +1088,10 @@ struct TcQueue {
 // same K halves, fold and order), so the two paths give the same bits. A CTA takes its next ticket
 // when it starts an item (the atomic's round trip hides behind the item); the last CTA out zeroes
 // the queue for the next call. (Streaming a CTA's next item into its weight rings while an item
-// ends, with the ticket taken one or two items ahead, measured slower on an H100 at batch 1-8 and
-// was dropped: docs/performance.md, session 19.)
+// ends measured slower on an H100 at batch 1-8 three times and was dropped: with the ticket taken
+// one or two items ahead (sessions 19, 22), and with today's ticket, each warp issuing the next
+// item's first stages once it had read its last (session 29: -2 to -5 points, -3.5 with no
+// arithmetic); docs/performance.md.)
 // kProbe (bench only, MoeTcArgs::probe): bit 0 skips the gate/up items' arithmetic, bit 1 the down
 // items'; kProbeArgMathOnly skips every weight copy instead (MoeTcProbe::MathOnly).
 constexpr int kProbeArgMathOnly = 4;
