@@ -540,11 +540,11 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // CTAs per SM is already reached (H200 INT4: 43-66% of copy bandwidth at batch 1-4, where Little's
 // law asks for ~6-8.5 MB in flight, 48-64 KB per SM; performance.md, session 18). Here each warp
 // streams its 16 rows through a ring of shared-memory stages that the copy engine fills, so the
-// bytes in flight cost no registers: 3 of a warp's 4 stages, 13.5 KB.
-// A stage is 2-D boxes of tensor maps (moe_tc_ring_maps): per matrix, 16 rows x 64 B per chunk of
-// weights and 16 rows x 8 B per chunk of INT4 scales, completing on the stage's mbarrier. (One 1-D bulk copy per row
-// instead, 64 copies per gate/up stage, read 40-47% of copy bandwidth at every batch on an H100: the
-// copy engine's cost per copy, not the bytes, bounded it.)
+// bytes in flight cost no registers: 3 of a warp's 4 stages, 13.5 KB. A stage is 2-D boxes of
+// tensor maps (moe_tc_ring_maps): per matrix, 16 rows x 64 B per chunk of weights and 16 rows x 8 B
+// per chunk of INT4 scales, completing on the stage's mbarrier. (One 1-D bulk copy per row instead,
+// 64 copies per gate/up stage, read 40-47% of copy bandwidth at every batch on an H100: the copy
+// engine's cost per copy, not the bytes, bounded it.)
 // Each warp owns its ring and refills a stage as soon as it has read it, so no warp ever waits for
 // another (the CTA's barriers stay those of the staging and the outputs). The fragments read from a
 // stage are the same 16-byte pieces the bursts load, consumed in the same chunk order: the sums are
@@ -552,19 +552,18 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // Stage layout (per warp): weights [kMats][16 rows][kChunks x 64 B] | INT4 scales [kMats][16
 // rows][kChunks x 8 B] (chunk j's 4 group scales at 8 j). A fragment load (8 lanes per 128-byte
 // phase: rows 2q, 2q + 1, pieces t) meets a 2-way bank conflict (rows 128 or 256 B apart): ncu
-// (H100, session 27) counts
-// 43-45% of the kernel's shared wavefronts as excess, at 0.27-0.31 instructions issued per cycle.
-// Padding the rows would cost a third of the ring. Storing each stage chunk-major (a 16 x 64 B box
-// per chunk, rows 64 B apart) removes the conflict and was timed on the H200 (session 28): the
-// grid without copies got 3-7 points faster, the op 0.3-1.1 points slower (twice the boxes per
-// stage), so the layout stays.
+// (H100, session 27) counts 43-45% of the kernel's shared wavefronts as excess, at 0.27-0.31
+// instructions issued per cycle. Padding the rows would cost a third of the ring. Storing each
+// stage chunk-major (a 16 x 64 B box per chunk, rows 64 B apart) removes the conflict and was timed
+// on the H200 (session 28): the grid without copies got 3-7 points faster, the op 0.3-1.1 points
+// slower (twice the boxes per stage), so the layout stays.
 // Chunks per stage (kChunks): gate/up 2, i.e. 4 stages of 2 x (16 x 128 B + 16 x 16 B) in the 18 KB
 // ring (16 B is the narrowest box a tensor map takes; 4 chunks would leave 2 stages). Down 4: 4
-// stages of 16 x 256 B + 16 x 32 B, half the copies and stage boundaries of 2 chunks with the same
-// bytes in flight. A down item (16 KB per warp at DeepSeek-V3 shapes) fits the ring whole either
-// way, so what the copies cost bounds it: INT4 on an H100 (session 29, 4 processes each) read 79.2 /
-// 89.4 / 94.3 / 97.1% of copy at batch 1 / 2 / 4 / 8 against 76.5 / 86.4 / 93.0 / 95.9% with 2, and
-// the grid without arithmetic 84.2 against 81.6% at batch 1.
+// stages of 16 x 256 B + 16 x 32 B, half the copies and stage boundaries of 2 chunks. A down item
+// (16 KB per warp at DeepSeek-V3 shapes) fits the ring whole either way, so its bytes are all in
+// flight at once and what its copies cost bounds it: INT4 on an H100 (session 29, 4 processes
+// each) read 79.2 / 89.4 / 94.3 / 97.1% of copy at batch 1 / 2 / 4 / 8 against 76.5 / 86.4 / 93.0 /
+// 95.9% with 2, and the grid without arithmetic 84.2 against 81.6% at batch 1.
 constexpr int kRingChunksGateUp = 2, kRingChunksDown = 4;
 constexpr int kRingWarpBytes = 18 * 1024;        // per warp: 72 KB per CTA, 2 CTAs per SM with the staging
 constexpr int kRingMaxStages = 8;
