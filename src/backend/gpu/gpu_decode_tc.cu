@@ -507,7 +507,9 @@ __device__ __forceinline__ void stage_columns(const TcAct& act, const moe::Plan&
   mma::cp_async_commit();
   constexpr int kAuxBatch = 4;
   float v[kAuxBatch] = {};
-  int at[kAuxBatch] = {-1, -1, -1, -1};  // s_inv index of v[b], -1 where the batch ended early
+  int at[kAuxBatch];  // s_inv index of v[b], -1 where the batch ended early
+#pragma unroll
+  for (int b = 0; b < kAuxBatch; ++b) at[b] = -1;
   walk.template operator()<kAuxBatch>(
       nwc * kAux,
       [&](int b, int n, int j, int64_t row) {
@@ -557,18 +559,18 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // stage chunk-major (a 16 x 64 B box per chunk, rows 64 B apart) removes the conflict and was timed
 // on the H200 (session 28): the grid without copies got 3-7 points faster, the op 0.3-1.1 points
 // slower (twice the boxes per stage), so the layout stays.
-// Chunks per stage (kChunks): gate/up 2, i.e. 4 stages of 2 x (16 x 128 B + 16 x 16 B) in the 18 KB
+// Chunks per stage (ring_chunks, RingGeom::kChunks): gate/up 2, i.e. 4 stages of 2 x (16 x 128 B + 16 x 16 B) in the 18 KB
 // ring (16 B is the narrowest box a tensor map takes; 4 chunks would leave 2 stages). Down 4: 4
 // stages of 16 x 256 B + 16 x 32 B, half the copies and stage boundaries of 2 chunks. A down item
 // (16 KB per warp at DeepSeek-V3 shapes) fits the ring whole either way, so its bytes are all in
 // flight at once and what its copies cost bounds it: INT4 on an H100 (session 29, 4 processes
 // each) read 79.2 / 89.4 / 94.3 / 97.1% of copy at batch 1 / 2 / 4 / 8 against 76.5 / 86.4 / 93.0 /
 // 95.9% with 2, and the grid without arithmetic 84.2 against 81.6% at batch 1.
-constexpr int kRingChunksGateUp = 2, kRingChunksDown = 4;
+constexpr int ring_chunks(bool gate_up) { return gate_up ? 2 : 4; }
 constexpr int kRingWarpBytes = 18 * 1024;        // per warp: 72 KB per CTA, 2 CTAs per SM with the staging
 constexpr int kRingMaxStages = 8;
 template <MoeFormat F, int kMats> struct RingGeom {
-  static constexpr int kChunks = kMats == 1 ? kRingChunksDown : kRingChunksGateUp;
+  static constexpr int kChunks = ring_chunks(kMats == 2);
   static constexpr int kRowBytes = kChunks * 64;  // a row's bytes per stage (a chunk: 64 B of a row, either format)
   static constexpr int kScaleRowBytes = kChunks * 8;  // INT4: a row's 4 bf16 group scales per chunk
   static constexpr int kWBytes = kMats * kTileM * kRowBytes;
@@ -581,9 +583,7 @@ template <MoeFormat F, int kMats> struct RingGeom {
 // The ring needs whole stages (every K range the tiles stream starts and ends on a stage: hidden a
 // multiple of 256, inter of 512 for INT4); the maps need 16-byte aligned rows (moe_tc_ring_maps
 // checks).
-constexpr int64_t ring_k_multiple(MoeFormat f, bool gate_up) {
-  return (gate_up ? kRingChunksGateUp : kRingChunksDown) * chunk_k(f);
-}
+constexpr int64_t ring_k_multiple(MoeFormat f, bool gate_up) { return ring_chunks(gate_up) * chunk_k(f); }
 
 struct WarpRing {
   const unsigned char* buf = nullptr;  // this warp's kRingWarpBytes (generic: the fragment loads)
@@ -738,10 +738,10 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   // same sums either way, so a token's outputs do not depend on the split (nor on the batch).
   const int64_t c_mid = kGateUp ? k_half(c_end, kU) : c_end;
   const int64_t c_lo = kz == 2 && z == 1 ? c_mid : 0, c_hi = kz == 2 && z == 0 ? c_mid : c_end;
-  // Ring: the item's stages (each pass of columns streams [c_lo, c_hi) again, kRingChunks chunks per
+  // Ring: the item's stages (each pass of columns streams [c_lo, c_hi) again, RG::kChunks chunks per
   // stage; the K halves and windows start and end on stages: ring_k_multiple) and the copies of one
-  // stage: lane m < kMats copies the warp's 16 rows of matrix m (one 2-D box of 16 x 128 B), lane
-  // kMats + m their INT4 scales (16 x 16 B).
+  // stage: lane m < kMats copies the warp's 16 rows of matrix m (one 2-D box of 16 x RG::kRowBytes),
+  // lane kMats + m their INT4 scales (16 x RG::kScaleRowBytes).
   using RG = RingGeom<F, kMats>;
   [[maybe_unused]] const MoeRingMap* ring_map = nullptr;  // this lane's map (copying lanes)
   [[maybe_unused]] uint32_t ring_dst = 0;                 // and its box's offset in a stage
@@ -765,9 +765,9 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
     ring_stages = ring_per_tile * tiles;
   }
   // Issues the item's next stage into its slot (uniform per warp; nothing past the item's last
-  // stage). Stage q covers chunks c_lo + (q % stages per pass) x kRingChunks of tile q / ring_per_tile;
-  // the issuer steps through them in order (stages are issued in q order), so no division runs per
-  // stage.
+  // stage). Stage q covers chunks c_lo + (q % stages per pass) x RG::kChunks of tile q /
+  // ring_per_tile; the issuer steps through them in order (stages are issued in q order), so no
+  // division runs per stage.
   [[maybe_unused]] int ring_next = 0, ring_in_tile = 0, ring_c = int(c_lo);
   [[maybe_unused]] int64_t ring_row = row_base;
   [[maybe_unused]] auto ring_issue = [&]() {
@@ -1315,7 +1315,7 @@ bool moe_tc_ring_maps(const DeviceExpert* host_table, int64_t experts, int64_t h
     for (int i = 0; i < 3; ++i) {
       const int64_t rows = i < 2 ? inter : hidden, k = i < 2 ? hidden : inter;
       // INT4 group-32 weights: k / 2 bytes per row (data_stride in int32 words), bf16 scales.
-      const int chunks = i < 2 ? kRingChunksGateUp : kRingChunksDown;  // the stage's RingGeom::kChunks
+      const int chunks = ring_chunks(i < 2);  // the stage's RingGeom::kChunks
       if (!make(m[i], w[i]->data, rows, k / 2, w[i]->data_stride * 4, chunks * 64) ||
           !make(m[3 + i], w[i]->scale, rows, k / 32 * 2, w[i]->scale_stride * 2, chunks * 8))
         return false;
