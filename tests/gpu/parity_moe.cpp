@@ -547,10 +547,12 @@ TEST(GpuParityMoe, TensorCoreDecodeFusedOwnPlanOddIds) {
 
 // The INT4 weight rings (per-warp shared-memory stages filled by the copy engine) read the same
 // fragments in the same chunk order as the register bursts, so both must give the same bits, in
-// the two grids and in the fused grid: 8 gate/up and 4 down tiles and one stage per gate/up K half (256 x 512,
-// T <= 2: K split), several passes of columns per expert (T = 16 on 3 experts, top-2), a shape whose
-// down pass is longer than its gate/up pass (256 x 1024), the DeepSeek-V3 shape at batch 1 / 2 / 8,
-// and each ring call twice (the barriers' phases restart with every launch). In the fused grid a
+// the two grids and in the fused grid. Narrow stages: 8 gate/up and 4 down tiles and one stage per
+// gate/up K half (256 x 512, T <= 2: K split), several passes of columns per expert (T = 16 on 3
+// experts, top-2), a shape whose down pass is longer than its gate/up pass (256 x 1024). Wide
+// stages: one stage per gate/up K half and per down tile (1024 x 1024, T <= 2: K split), the
+// DeepSeek-V3 shape at batch 1 / 2 / 8. Each ring call runs twice (the barriers' phases restart
+// with every launch). In the fused grid a
 // CTA's items of both kinds follow each other through its rings (each slot's phase carries over).
 // The test checks that the ring path ran (the test GPU is sm_90), and the ring result against the
 // CPU.
@@ -565,6 +567,7 @@ TEST(GpuParityMoe, TensorCoreDecodeBf16RingBitIdentical) {
   const Case cases[] = {{256, 512, 12, 4, {1, 2, 5}},
                         {1280, 512, 3, 2, {16}},
                         {256, 1024, 12, 4, {3}},
+                        {1024, 1024, 12, 4, {1, 2}},
                         {7168, 2048, 12, 8, {1, 2, 8}}};
   std::mt19937 rng(7800);
   for (const Case& c : cases) {

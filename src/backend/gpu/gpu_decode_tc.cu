@@ -542,7 +542,7 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // CTAs per SM is already reached (H200 INT4: 43-66% of copy bandwidth at batch 1-4, where Little's
 // law asks for ~6-8.5 MB in flight, 48-64 KB per SM; performance.md, session 18). Here each warp
 // streams its 16 rows through a ring of shared-memory stages that the copy engine fills, so the
-// bytes in flight cost no registers: 3 of a warp's 4 stages, 13.5 KB. A stage is 2-D boxes of
+// bytes in flight cost no registers: up to a warp's 18 KB ring. A stage is 2-D boxes of
 // tensor maps (moe_tc_ring_maps): per matrix, 16 rows x 64 B per chunk of weights and 16 rows x 8 B
 // per chunk of INT4 scales, completing on the stage's mbarrier. (One 1-D bulk copy per row instead,
 // 64 copies per gate/up stage, read 40-47% of copy bandwidth at every batch on an H100: the copy
@@ -559,18 +559,41 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // stage chunk-major (a 16 x 64 B box per chunk, rows 64 B apart) removes the conflict and was timed
 // on the H200 (session 28): the grid without copies got 3-7 points faster, the op 0.3-1.1 points
 // slower (twice the boxes per stage), so the layout stays.
-// Chunks per stage (ring_chunks, RingGeom::kChunks): gate/up 2, i.e. 4 stages of 2 x (16 x 128 B + 16 x 16 B) in the 18 KB
-// ring (16 B is the narrowest box a tensor map takes; 4 chunks would leave 2 stages). Down 4: 4
-// stages of 16 x 256 B + 16 x 32 B, half the copies and stage boundaries of 2 chunks. A down item
-// (16 KB per warp at DeepSeek-V3 shapes) fits the ring whole either way, so its bytes are all in
-// flight at once and what its copies cost bounds it: INT4 on an H100 (session 29, 4 processes
-// each) read 79.2 / 89.4 / 94.3 / 97.1% of copy at batch 1 / 2 / 4 / 8 against 76.5 / 86.4 / 93.0 /
-// 95.9% with 2, and the grid without arithmetic 84.2 against 81.6% at batch 1.
-constexpr int ring_chunks(bool gate_up) { return gate_up ? 2 : 4; }
+// Chunks per stage (ring_chunks, RingGeom::kChunks), two geometries chosen by shape (ring_wide):
+// - wide (gate/up 4, down 8) where hidden % 512 == 0 and inter % 1024 == 0 (DeepSeek-V3, Kimi K2):
+//   2 stages of 9 KB per warp for either kind, boxes of 16 x 256 B (gate/up) and 16 x 512 B (down)
+//   plus their scales; a DeepSeek-V3 down item is its warp's two copies per stage, one per matrix
+//   and scales, in 2 stages.
+// - narrow (gate/up 2, down 4) for the other shapes the rings take (hidden % 256, inter % 512: Kimi
+//   Linear's 2304 x 1024): 4 stages of 4.5 KB for gate/up, 4 of 4.5 KB for down.
+// What binds a short item is what its copies cost per byte, not the bytes in flight (a down item
+// fits its warp's ring whole either way): each halving of the copies per byte gained, most where the
+// bandwidth per SM is the H200's. INT4 % of copy at batch 1 / 2 / 4 / 8, DeepSeek-V3 shapes:
+// - H100 (session 29, 4 processes each): down 2 -> 4 chunks 76.5 / 86.4 / 93.0 / 95.9 -> 79.2 /
+//   89.4 / 94.3 / 97.1; gate/up 2 -> 4 chunks 79.2 -> 79.7 at batch 1 (batch 8 -0.3).
+// - H100 held by MPS to 92 of its 132 SMs (the H200's copy bandwidth per SM; session 30, 4
+//   processes each; it ranked session 28's three builds as the H200 did): narrow 74.5-75.0 / 84.4-
+//   84.7 / 91.3-92.0 / 93.9-94.3; gate/up 4 77.0-77.1 / 85.7-85.9 / 92.4-92.6 / 94.5-94.6; wide
+//   78.6-79.2 / 87.6-88.0 / 94.4-94.7 / 96.7-96.8.
+// A tensor-map box row is at most 256 elements: the maps take 4-byte elements (kRingMapElem), so
+// the 512-byte down boxes are 128 elements.
+struct RingChunks {
+  int gate_up, down;
+};
+constexpr RingChunks kRingNarrow{2, 4}, kRingWide{4, 8};
+constexpr RingChunks ring_chunks(bool wide) { return wide ? kRingWide : kRingNarrow; }
+// Whether a shape's rings take the wide stages (the kernels' kWide, the maps' box widths): every K
+// range a tile streams (the gate/up K halves: k_half rounds to 4 chunks) then starts and ends on
+// a stage.
+constexpr bool ring_wide(int64_t hidden, int64_t inter) {
+  return hidden % (kRingWide.gate_up * chunk_k(MoeFormat::I4_BF16)) == 0 &&
+         inter % (kRingWide.down * chunk_k(MoeFormat::I4_BF16)) == 0;
+}
+constexpr int kRingMapElem = 4;  // bytes per element of the ring's tensor maps (moe_tc_ring_maps)
 constexpr int kRingWarpBytes = 18 * 1024;        // per warp: 72 KB per CTA, 2 CTAs per SM with the staging
 constexpr int kRingMaxStages = 8;
-template <MoeFormat F, int kMats> struct RingGeom {
-  static constexpr int kChunks = ring_chunks(kMats == 2);
+template <MoeFormat F, int kMats, bool kWide> struct RingGeom {
+  static constexpr int kChunks = kMats == 2 ? ring_chunks(kWide).gate_up : ring_chunks(kWide).down;
   static constexpr int kRowBytes = kChunks * 64;  // a row's bytes per stage (a chunk: 64 B of a row, either format)
   static constexpr int kScaleRowBytes = kChunks * 8;  // INT4: a row's 4 bf16 group scales per chunk
   static constexpr int kWBytes = kMats * kTileM * kRowBytes;
@@ -580,10 +603,12 @@ template <MoeFormat F, int kMats> struct RingGeom {
       kRingWarpBytes / kStageBytes < kRingMaxStages ? kRingWarpBytes / kStageBytes : kRingMaxStages;
   static_assert(kStages >= 2 && kStageBytes % 16 == 0 && kMats * kTileM <= 32, "one copy per lane and stage");
 };
-// The ring needs whole stages (every K range the tiles stream starts and ends on a stage: hidden a
-// multiple of 256, inter of 512 for INT4); the maps need 16-byte aligned rows (moe_tc_ring_maps
-// checks).
-constexpr int64_t ring_k_multiple(MoeFormat f, bool gate_up) { return ring_chunks(gate_up) * chunk_k(f); }
+// The ring needs whole narrow stages (every K range the tiles stream starts and ends on a stage:
+// hidden a multiple of 256, inter of 512 for INT4); the maps need 16-byte aligned rows
+// (moe_tc_ring_maps checks).
+constexpr int64_t ring_k_multiple(MoeFormat f, bool gate_up) {
+  return (gate_up ? kRingNarrow.gate_up : kRingNarrow.down) * chunk_k(f);
+}
 
 struct WarpRing {
   const unsigned char* buf = nullptr;  // this warp's kRingWarpBytes (generic: the fragment loads)
@@ -644,7 +669,7 @@ __device__ __forceinline__ unsigned atom_add_acq_rel_gpu(unsigned* p, unsigned v
 // arithmetic; kProbeNoCopy, no stage is copied or waited for and the math reads whatever the ring
 // holds, so the item costs its arithmetic and structure with no weight bytes.
 constexpr int kProbeNoMath = 1, kProbeNoCopy = 2;
-template <MoeFormat F, bool kGateUp, bool kRing, int kProbe = 0>
+template <MoeFormat F, bool kGateUp, bool kRing, bool kWide, int kProbe = 0>
 __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct act,
                                             int top_k, int64_t k_dim, TcOut out, int window, int stage_cols, int slot,
                                             int tile_y, int tiles, int z, int kz, int tiles_per_slot, bool first,
@@ -742,10 +767,10 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   // stage; the K halves and windows start and end on stages: ring_k_multiple) and the copies of one
   // stage: lane m < kMats copies the warp's 16 rows of matrix m (one 2-D box of 16 x RG::kRowBytes),
   // lane kMats + m their INT4 scales (16 x RG::kScaleRowBytes).
-  using RG = RingGeom<F, kMats>;
+  using RG = RingGeom<F, kMats, kWide>;
   [[maybe_unused]] const MoeRingMap* ring_map = nullptr;  // this lane's map (copying lanes)
   [[maybe_unused]] uint32_t ring_dst = 0;                 // and its box's offset in a stage
-  [[maybe_unused]] int ring_x_per_chunk = 0;              // box x per chunk: 64 B of data or 8 B of scales
+  [[maybe_unused]] int ring_x_per_chunk = 0;              // box x per chunk (map elements): 64 B of data or 8 B of scales
   [[maybe_unused]] uint64_t policy = 0;
   [[maybe_unused]] int ring_stages = 0, ring_per_tile = 1;
   if constexpr (kRing) {
@@ -754,11 +779,11 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
     if (lane < kMats) {
       ring_map = ring_maps + int64_t(e) * kMoeRingMapsPerExpert + data_map;
       ring_dst = uint32_t(m * kTileM * RG::kRowBytes);
-      ring_x_per_chunk = 64;
+      ring_x_per_chunk = 64 / kRingMapElem;
     } else if (!kFp8 && lane < 2 * kMats) {
       ring_map = ring_maps + int64_t(e) * kMoeRingMapsPerExpert + 3 + data_map;
       ring_dst = uint32_t(RG::kWBytes + m * kTileM * RG::kScaleRowBytes);
-      ring_x_per_chunk = 8;
+      ring_x_per_chunk = 8 / kRingMapElem;
     }
     policy = mma::l2_evict_first_policy();
     ring_per_tile = ((end - begin + stage_cols - 1) / stage_cols) * int((c_hi - c_lo) / RG::kChunks);
@@ -988,7 +1013,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
 // slots past the active count exit at once.
 // kRing: the weights come through per-warp rings at dynamic shared memory offset ring_off (2 CTAs
 // per SM: the rings' 72 KB each), else through register bursts (3 CTAs per SM at 168 registers).
-template <MoeFormat F, bool kGateUp, bool kRing>
+template <MoeFormat F, bool kGateUp, bool kRing, bool kWide>
 __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
     moe_tc_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan, TcAct act, int top_k, int64_t k_dim,
                   TcOut out, int window, int stage_cols, const MoeRingMap* __restrict__ ring_maps, int ring_off) {
@@ -1000,7 +1025,7 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
   __shared__ uint64_t ring_bars[kRing ? kWarps * kRingMaxStages : 1];
   WarpRing ring;
   if constexpr (kRing) ring = ring_init(moe_tc_smem + ring_off, ring_bars);
-  moe_tc_tile<F, kGateUp, kRing>(table, plan, act, top_k, k_dim, out, window, stage_cols, int(blockIdx.x),
+  moe_tc_tile<F, kGateUp, kRing, kWide>(table, plan, act, top_k, k_dim, out, window, stage_cols, int(blockIdx.x),
                                  int(blockIdx.y), 1, kGateUp ? int(blockIdx.z) : 0, kGateUp ? int(gridDim.z) : 1,
                                  int(gridDim.y), true, TcDeps{}, ring_maps, ring);
 }
@@ -1094,7 +1119,7 @@ struct TcQueue {
 // kProbe (bench only, MoeTcArgs::probe): bit 0 skips the gate/up items' arithmetic, bit 1 the down
 // items'; kProbeArgMathOnly skips every weight copy instead (MoeTcProbe::MathOnly).
 constexpr int kProbeArgMathOnly = 4;
-template <MoeFormat F, bool kRing, int kProbe = 0>
+template <MoeFormat F, bool kRing, bool kWide, int kProbe = 0>
 __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
     moe_tc_fused_kernel(const DeviceExpert* __restrict__ table, moe::Plan plan_arg, MoeGridPlanArgs grid_plan,
                         TcAct x_act, TcAct h_act, int top_k, int64_t hidden, int64_t inter, TcOut o1, TcOut o2, int w1,
@@ -1126,14 +1151,14 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
       const int slot = int(item / gu_per_slot), r = int(item % gu_per_slot);
       TcDeps d;
       d.h_written = q.done + slot;
-      moe_tc_tile<F, true, kRing, kGateUpProbe>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, 1,
+      moe_tc_tile<F, true, kRing, kWide, kGateUpProbe>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, 1,
                                                 r % kz, kz, int(ic), first, d, ring_maps, ring);
     } else {
       const int slot = int((item - n_gu) / dn_per_slot), y = int((item - n_gu) % dn_per_slot) * down_tiles;
       TcDeps d;
       d.h_ready = q.done + slot;
       d.h_tiles = ic;
-      moe_tc_tile<F, false, kRing, kDownProbe>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y,
+      moe_tc_tile<F, false, kRing, kWide, kDownProbe>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y,
                                                down_tiles, 0, 1, int(hc), first, d, ring_maps, ring);
     }
     first = false;
@@ -1236,19 +1261,20 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   const bool one_pass = a.k_tickets != nullptr && a.tokens <= split_max_tokens(F);
 
   // Dynamic shared memory: the staging area, then (ring) the warps' rings at a 128-aligned offset.
-  auto launch = [&]<bool kRing>() {
+  // kWide: the rings' stage widths (ring_wide; either value without rings).
+  auto launch = [&]<bool kRing, bool kWide>() {
     auto smem_for = [](size_t stage) { return kRing ? size_t(ring_offset(stage)) + kRingCtaBytes : stage; };
     if (a.fused_ctas > 0) {
       // K split where the gate/up tiles are fewer than two per CTA (DeepSeek-V3 batch 1 and 2).
       const bool ksplit = one_pass && gu_tiles <= kKSplitMaxTilesFused && gu_tiles < 2 * int64_t(a.fused_ctas);
       const TcQueue q{a.queue, a.queue + 1, a.queue + 2, a.slots};
       const size_t stage = std::max(st1, st2);
-      auto kernel = moe_tc_fused_kernel<F, kRing>;
+      auto kernel = moe_tc_fused_kernel<F, kRing, kWide>;
       if constexpr (kRing && !kFp8) {
-        if (a.probe == 1) kernel = moe_tc_fused_kernel<F, kRing, 1>;
-        if (a.probe == 2) kernel = moe_tc_fused_kernel<F, kRing, 2>;
-        if (a.probe == 3) kernel = moe_tc_fused_kernel<F, kRing, 3>;
-        if (a.probe == kProbeArgMathOnly) kernel = moe_tc_fused_kernel<F, kRing, kProbeArgMathOnly>;
+        if (a.probe == 1) kernel = moe_tc_fused_kernel<F, kRing, kWide, 1>;
+        if (a.probe == 2) kernel = moe_tc_fused_kernel<F, kRing, kWide, 2>;
+        if (a.probe == 3) kernel = moe_tc_fused_kernel<F, kRing, kWide, 3>;
+        if (a.probe == kProbeArgMathOnly) kernel = moe_tc_fused_kernel<F, kRing, kWide, kProbeArgMathOnly>;
       }
       if constexpr (kRing) opt_in_smem(kernel, smem_for(stage));
       mma::launch_maybe_pdl(kernel, dim3(unsigned(a.fused_ctas)), dim3(kThreads), smem_for(stage), true, stream,
@@ -1260,8 +1286,8 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
     // Two grids. K split of the INT4 gate/up pass (kKSplitMaxTiles): one pass per expert (an expert
     // has at most `tokens` pairs) and a small grid.
     const bool ksplit = !kFp8 && one_pass && gu_tiles <= kKSplitMaxTiles;
-    const auto k1 = moe_tc_kernel<F, true, kRing>;
-    const auto k2 = moe_tc_kernel<F, false, kRing>;
+    const auto k1 = moe_tc_kernel<F, true, kRing, kWide>;
+    const auto k2 = moe_tc_kernel<F, false, kRing, kWide>;
     if constexpr (kRing) {
       opt_in_smem(k1, smem_for(st1));
       opt_in_smem(k2, smem_for(st2));
@@ -1274,9 +1300,10 @@ template <MoeFormat F> void launch_tc(const MoeTcArgs& a, Stream stream) {
   };
   // The ring path is built for INT4 only (FP8 meets its target on register bursts; an FP8 ring is a
   // template argument away, not measured).
-  if constexpr (kFp8) launch.template operator()<false>();
-  else if (a.ring_maps != nullptr) launch.template operator()<true>();
-  else launch.template operator()<false>();
+  if constexpr (kFp8) launch.template operator()<false, false>();
+  else if (a.ring_maps == nullptr) launch.template operator()<false, false>();
+  else if (ring_wide(a.hidden, a.inter)) launch.template operator()<true, true>();
+  else launch.template operator()<true, false>();
 }
 
 // CTAs of the fused grid: as many as the device holds at once (the window logic keeps a CTA's
@@ -1286,8 +1313,10 @@ template <MoeFormat F, bool kRing> int fused_grid() {
   MLA_GPU_CHECK(cudaGetDevice(&dev));
   MLA_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const size_t smem = kRing ? size_t(ring_offset(kMoeStageBudget)) + kRingCtaBytes : kMoeStageBudget;
-  if constexpr (kRing) opt_in_smem(moe_tc_fused_kernel<F, kRing>, smem);
-  MLA_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_tc_fused_kernel<F, kRing>, kThreads, smem));
+  // Either ring geometry: the same shared memory, registers capped by the launch bounds.
+  const auto kernel = moe_tc_fused_kernel<F, kRing, kRing>;
+  if constexpr (kRing) opt_in_smem(kernel, smem);
+  MLA_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
   return std::max(1, sms * per_sm);
 }
 }  // namespace
@@ -1297,15 +1326,19 @@ bool moe_tc_ring_maps(const DeviceExpert* host_table, int64_t experts, int64_t h
   static_assert(sizeof(CUtensorMap) == sizeof(MoeRingMap) && alignof(MoeRingMap) >= alignof(CUtensorMap));
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
-  // A [rows, row_bytes] byte matrix of pitch `pitch`, read in boxes of 16 rows x box_bytes.
+  // A [rows, row_bytes] byte matrix of pitch `pitch`, read in boxes of 16 rows x box_bytes, as 4-byte
+  // elements (kRingMapElem): a box row is at most 256 elements, so 1 KB rather than 256 B of bytes.
   auto make = [&](MoeRingMap& out, const void* base, int64_t rows, int64_t row_bytes, int64_t pitch, int box_bytes) {
-    if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || pitch % 16 != 0 || row_bytes % box_bytes != 0) return false;
-    const cuuint64_t dim[2] = {cuuint64_t(row_bytes), cuuint64_t(rows)}, stride[1] = {cuuint64_t(pitch)};
-    const cuuint32_t box[2] = {cuuint32_t(box_bytes), cuuint32_t(kTileM)}, estride[2] = {1, 1};
-    return encode(reinterpret_cast<CUtensorMap*>(&out), CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dim,
+    if (reinterpret_cast<uintptr_t>(base) % 16 != 0 || pitch % 16 != 0 || row_bytes % box_bytes != 0 ||
+        box_bytes % kRingMapElem != 0)
+      return false;
+    const cuuint64_t dim[2] = {cuuint64_t(row_bytes / kRingMapElem), cuuint64_t(rows)}, stride[1] = {cuuint64_t(pitch)};
+    const cuuint32_t box[2] = {cuuint32_t(box_bytes / kRingMapElem), cuuint32_t(kTileM)}, estride[2] = {1, 1};
+    return encode(reinterpret_cast<CUtensorMap*>(&out), CU_TENSOR_MAP_DATA_TYPE_UINT32, 2, const_cast<void*>(base), dim,
                   stride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   };
+  const RingChunks rc = ring_chunks(ring_wide(hidden, inter));  // the launches' kWide
   for (int64_t e = 0; e < experts; ++e) {
     MoeRingMap* m = maps + e * kMoeRingMapsPerExpert;
     std::memset(static_cast<void*>(m), 0, sizeof(MoeRingMap) * kMoeRingMapsPerExpert);
@@ -1315,7 +1348,7 @@ bool moe_tc_ring_maps(const DeviceExpert* host_table, int64_t experts, int64_t h
     for (int i = 0; i < 3; ++i) {
       const int64_t rows = i < 2 ? inter : hidden, k = i < 2 ? hidden : inter;
       // INT4 group-32 weights: k / 2 bytes per row (data_stride in int32 words), bf16 scales.
-      const int chunks = ring_chunks(i < 2);  // the stage's RingGeom::kChunks
+      const int chunks = i < 2 ? rc.gate_up : rc.down;  // the stage's RingGeom::kChunks
       if (!make(m[i], w[i]->data, rows, k / 2, w[i]->data_stride * 4, chunks * 64) ||
           !make(m[3 + i], w[i]->scale, rows, k / 32 * 2, w[i]->scale_stride * 2, chunks * 8))
         return false;

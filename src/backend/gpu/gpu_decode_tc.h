@@ -73,7 +73,8 @@ size_t moe_tc_scratch_bytes(MoeFormat format, int64_t tokens, int64_t pairs, int
 int moe_tc_fused_grid(MoeFormat format, bool ring);
 // Whether the weight-ring path (MoeTcArgs::ring_maps) exists for this format, shape and device:
 // INT4, sm_90+ (tensor-map copies), hidden a multiple of 256 and inter of 512 (whole gate/up and
-// down stages). The weights' alignment is moe_tc_ring_maps' to check.
+// down stages; stages twice as wide where hidden % 512 == 0 and inter % 1024 == 0). The weights'
+// alignment is moe_tc_ring_maps' to check.
 bool moe_tc_ring_ok(MoeFormat format, int64_t hidden, int64_t inter);
 // The ring maps of `experts` experts of host_table (maps[e * kMoeRingMapsPerExpert + i]; experts not
 // held are left zero). False (maps unspecified) where an expert's rows or scale rows are not
