@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/gpu/gpu.h"
@@ -32,6 +33,9 @@ void spin(gpu::Stream stream, double microseconds);
 // Starts / stops the profiler's collection range (cudaProfilerStart / Stop): a profiler started with
 // collection off (`ncu --profile-from-start off`) then records only the kernels in between.
 void profiler_range(bool start);
+// The current device as the reports name it: "NAME, N SMs" (N as this process sees it: an MPS
+// client held to a share of the SMs sees that share; tools/gpu_standin.sh).
+std::string device_description();
 // One launch of the dense-decode read-pattern probe (bench_gpu_device.cu): reads every byte of the
 // [rows, row_bytes] matrix at `w` once, `lanes_per_row` (4, 8 or 32) lanes per row per load, or
 // (-2, -3; CUDA) through a cp.async shared-memory ring of that many stages; K cut into `splits`
@@ -110,9 +114,11 @@ class Report {
   // Writes `dir`/bench_gpu.json and `dir`/bench_gpu.md (no-op for an empty dir).
   void write(const std::string& dir, const std::string& command) const;
   const std::vector<Row>& rows() const { return rows_; }
+  void set_device(std::string device) { device_ = std::move(device); }
 
  private:
   std::vector<Row> rows_;
+  std::string device_;
 };
 
 // Ceilings measured once per run (bench_ceilings.cpp); 0 where not measured.
@@ -129,7 +135,8 @@ double cublas_bf16_gemm_ms(gpu::Stream stream, int64_t m, int64_t n, int64_t k, 
 // The benchmarks (each adds rows and prints its table).
 struct BenchOptions {
   bool quick = false;                      // fewer cases / reps (a smoke run)
-  std::vector<int> decode_contexts;  // mla-decode: more contexts for the 16-head row (batch 64)
+  std::vector<int> decode_contexts;  // mla-decode: more contexts for the 16-head row (batch decode_batch)
+  int decode_batch = 64;             // mla-decode: sequences of the batch rows (64: the target's)
   std::vector<int> prefill_contexts = {16384, 32768, 65536, 131072};
   int prefill_query_chunk = 4096;          // queries at the end of the context; 0 = the whole context
   std::string model_dir;                   // e2e: a make-model output

@@ -188,4 +188,13 @@ void profiler_range(bool start) {
   MLA_GPU_CHECK(start ? cudaProfilerStart() : cudaProfilerStop());
 }
 
+std::string device_description() {
+  int dev = 0, sms = 0;
+  cudaDeviceProp prop{};
+  MLA_GPU_CHECK(cudaGetDevice(&dev));
+  MLA_GPU_CHECK(cudaGetDeviceProperties(&prop, dev));
+  MLA_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return std::string(prop.name) + ", " + std::to_string(sms) + " SMs";
+}
+
 }  // namespace mla::bench

@@ -52,8 +52,13 @@ int main(int argc, char** argv) {
                  "moe: comma-separated decode variants timed in turn on each case: auto | fused | 2grid, optionally "
                  "+nosplit (no gate/up K split) and +noring (INT4 weights through register bursts, not the rings)")
       ->delimiter(',');
+  app.add_option("--decode-batch", o.decode_batch,
+                 "mla-decode: sequences of the batch rows (the target's 64; fewer keeps one wave on a GPU held to "
+                 "fewer SMs, tools/gpu_standin.sh)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   app.add_option("--decode-contexts", o.decode_contexts,
-                 "mla-decode: contexts besides 4096 for the 16-head batch-64 row (how the op's fixed costs "
+                 "mla-decode: contexts besides 4096 for the 16-head batch row (how the op's fixed costs "
                  "per call amortize)");
   app.add_option("--prefill-contexts", o.prefill_contexts, "mla-prefill: context lengths")->capture_default_str();
   app.add_option("--prefill-query-chunk", o.prefill_query_chunk,
@@ -83,7 +88,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
 
   Report report;
-  std::printf("== ceilings\n");
+  report.set_device(device_description());
+  std::printf("== device: %s\n\n== ceilings\n", device_description().c_str());
   const Ceilings c = measure_ceilings(report, o.quick);
   struct Entry {
     const char* name;

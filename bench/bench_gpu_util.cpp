@@ -175,6 +175,7 @@ void Report::write(const std::string& dir, const std::string& command) const {
   std::filesystem::create_directories(dir);
   nlohmann::json j;
   j["command"] = command;
+  j["device"] = device_;
   j["rows"] = nlohmann::json::array();
   for (const Row& r : rows_)
     j["rows"].push_back({{"bench", r.bench}, {"case", r.case_name}, {"median_ms", r.time_ms}, {"value", r.value},
@@ -185,8 +186,8 @@ void Report::write(const std::string& dir, const std::string& command) const {
   // The same table as printed, for pasting into docs/performance.md.
   std::FILE* f = std::fopen((dir + "/bench_gpu.md").c_str(), "w");
   if (f == nullptr) return;
-  std::fprintf(f, "Command: `%s`\n\n| bench | case | median ms | measured | ceiling | fraction | note |\n"
-               "|---|---|---|---|---|---|---|\n", command.c_str());
+  std::fprintf(f, "Command: `%s`\n\nDevice: %s\n\n| bench | case | median ms | measured | ceiling | fraction | note |\n"
+               "|---|---|---|---|---|---|---|\n", command.c_str(), device_.c_str());
   for (const Row& r : rows_)
     std::fprintf(f, "| %s | %s | %.4g | %.4g %s | %s | %s | %s |\n", r.bench.c_str(), r.case_name.c_str(), r.time_ms,
                  r.value, r.unit.c_str(),

@@ -99,7 +99,7 @@ Timing time_absorbed(ops::Backend& be, gpu::Stream s, const PagedBatch& pb, int 
 void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) {
   auto be = make_bench_backend(true);
   const gpu::Stream s = backend_stream(*be);
-  const int seqs = 64, ctx = o.quick ? 1024 : 4096;
+  const int seqs = o.decode_batch, ctx = o.quick ? 1024 : 4096;
   PagedBatch pb;
   make_paged_batch(pb, *be, seqs, ctx, 1, 11);
   const double cache_bytes = double(seqs) * ctx * kKvDim * 2.0;

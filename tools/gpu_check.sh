@@ -154,7 +154,7 @@ PY
       "$out/clocks_$name.log" >>"$out/clocks.log"
     sed -n '/^== summary/,$p' "$out/bench_$name.log"
     [ $rc -eq 0 ] || tail -n 5 "$out/bench_$name.log"
-    ceil=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['rows']; print(', '.join(f\"{x['value']:.0f} {x['unit']}\" for x in r if x['bench']=='ceiling'))" \
+    ceil=$(python3 -c "import json,sys; j=json.load(open(sys.argv[1])); r=j['rows']; print(', '.join(f\"{x['value']:.0f} {x['unit']}\" for x in r if x['bench']=='ceiling') + '; ' + j.get('device', '?'))" \
       "$out/bench_$name/bench_gpu.json" 2>/dev/null)
     record "bench $name" "$(verdict $rc)" "$(bench_keys "$out/bench_$name/bench_gpu.json") [ceilings: ${ceil:-?}]"
   done
