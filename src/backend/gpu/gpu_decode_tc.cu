@@ -562,15 +562,15 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // Chunks per stage (ring_chunks, RingGeom::kChunks), two geometries chosen by shape (ring_wide):
 // - wide (gate/up 4, down 8) where hidden % 512 == 0 and inter % 1024 == 0 (DeepSeek-V3, Kimi K2):
 //   2 stages of 9 KB per warp for either kind, boxes of 16 x 256 B (gate/up) and 16 x 512 B (down)
-//   plus their scales; a DeepSeek-V3 down item is its warp's two copies per stage, one per matrix
-//   and scales, in 2 stages.
+//   plus their scales; a DeepSeek-V3 down item (16 KB per warp) is two stages of one weight box
+//   and one scale box each.
 // - narrow (gate/up 2, down 4) for the other shapes the rings take (hidden % 256, inter % 512: Kimi
 //   Linear's 2304 x 1024): 4 stages of 4.5 KB for gate/up, 4 of 4.5 KB for down.
 // What binds a short item is what its copies cost per byte, not the bytes in flight (a down item
 // fits its warp's ring whole either way): each halving of the copies per byte gained, most where the
 // bandwidth per SM is the H200's. INT4 % of copy at batch 1 / 2 / 4 / 8, DeepSeek-V3 shapes:
-// - H100 (session 29, 4 processes each): down 2 -> 4 chunks 76.5 / 86.4 / 93.0 / 95.9 -> 79.2 /
-//   89.4 / 94.3 / 97.1; gate/up 2 -> 4 chunks 79.2 -> 79.7 at batch 1 (batch 8 -0.3).
+// - H100 (4-5 processes each): down 2 -> 4 chunks 76.5 / 86.4 / 93.0 / 95.9 -> 79.2 / 89.4 / 94.3 /
+//   97.1 (session 29); gate/up 2 -> 4 chunks 79.2 -> 79.7 at batch 1, batch 8 -0.3 (session 30).
 // - H100 held by MPS to 92 of its 132 SMs (the H200's copy bandwidth per SM; session 30, 4
 //   processes each; it ranked session 28's three builds as the H200 did): narrow 74.5-75.0 / 84.4-
 //   84.7 / 91.3-92.0 / 93.9-94.3; gate/up 4 77.0-77.1 / 85.7-85.9 / 92.4-92.6 / 94.5-94.6; wide
@@ -770,7 +770,7 @@ __device__ __forceinline__ void moe_tc_tile(const DeviceExpert* __restrict__ tab
   using RG = RingGeom<F, kMats, kWide>;
   [[maybe_unused]] const MoeRingMap* ring_map = nullptr;  // this lane's map (copying lanes)
   [[maybe_unused]] uint32_t ring_dst = 0;                 // and its box's offset in a stage
-  [[maybe_unused]] int ring_x_per_chunk = 0;              // box x per chunk (map elements): 64 B of data or 8 B of scales
+  [[maybe_unused]] int ring_x_per_chunk = 0;              // box x per chunk in map elements (64 B or 8 B)
   [[maybe_unused]] uint64_t policy = 0;
   [[maybe_unused]] int ring_stages = 0, ring_per_tile = 1;
   if constexpr (kRing) {
@@ -1026,8 +1026,8 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
   WarpRing ring;
   if constexpr (kRing) ring = ring_init(moe_tc_smem + ring_off, ring_bars);
   moe_tc_tile<F, kGateUp, kRing, kWide>(table, plan, act, top_k, k_dim, out, window, stage_cols, int(blockIdx.x),
-                                 int(blockIdx.y), 1, kGateUp ? int(blockIdx.z) : 0, kGateUp ? int(gridDim.z) : 1,
-                                 int(gridDim.y), true, TcDeps{}, ring_maps, ring);
+                                        int(blockIdx.y), 1, kGateUp ? int(blockIdx.z) : 0, kGateUp ? int(gridDim.z) : 1,
+                                        int(gridDim.y), true, TcDeps{}, ring_maps, ring);
 }
 
 // The fused grid's own routing plan (MoeTcArgs::grid_plan): every CTA builds it in shared memory
@@ -1151,15 +1151,15 @@ __global__ void __launch_bounds__(kThreads, kRing ? 2 : 3)
       const int slot = int(item / gu_per_slot), r = int(item % gu_per_slot);
       TcDeps d;
       d.h_written = q.done + slot;
-      moe_tc_tile<F, true, kRing, kWide, kGateUpProbe>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot, r / kz, 1,
-                                                r % kz, kz, int(ic), first, d, ring_maps, ring);
+      moe_tc_tile<F, true, kRing, kWide, kGateUpProbe>(table, plan, x_act, top_k, hidden, o1, w1, stage_cols, slot,
+                                                       r / kz, 1, r % kz, kz, int(ic), first, d, ring_maps, ring);
     } else {
       const int slot = int((item - n_gu) / dn_per_slot), y = int((item - n_gu) % dn_per_slot) * down_tiles;
       TcDeps d;
       d.h_ready = q.done + slot;
       d.h_tiles = ic;
       moe_tc_tile<F, false, kRing, kWide, kDownProbe>(table, plan, h_act, top_k, inter, o2, w2, stage_cols, slot, y,
-                                               down_tiles, 0, 1, int(hc), first, d, ring_maps, ring);
+                                                      down_tiles, 0, 1, int(hc), first, d, ring_maps, ring);
     }
     first = false;
     if (tid == 0) s_item = next;  // every thread read s_item before the tile's barriers
