@@ -88,8 +88,9 @@ int main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
 
   Report report;
-  report.set_device(device_description());
-  std::printf("== device: %s\n\n== ceilings\n", device_description().c_str());
+  const std::string device = device_description();
+  report.set_device(device);
+  std::printf("== device: %s\n\n== ceilings\n", device.c_str());
   const Ceilings c = measure_ceilings(report, o.quick);
   struct Entry {
     const char* name;

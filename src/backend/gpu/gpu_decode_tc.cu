@@ -607,7 +607,7 @@ template <MoeFormat F, int kMats, bool kWide> struct RingGeom {
 // hidden a multiple of 256, inter of 512 for INT4); the maps need 16-byte aligned rows
 // (moe_tc_ring_maps checks).
 constexpr int64_t ring_k_multiple(MoeFormat f, bool gate_up) {
-  return (gate_up ? kRingNarrow.gate_up : kRingNarrow.down) * chunk_k(f);
+  return (gate_up ? ring_chunks(false).gate_up : ring_chunks(false).down) * chunk_k(f);
 }
 
 struct WarpRing {
