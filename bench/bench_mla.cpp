@@ -105,18 +105,22 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   const double cache_bytes = double(seqs) * ctx * kKvDim * 2.0;
   // 128 heads twice more with the attention kernel forced: the sm_90a wgmma kernel (what Auto runs on
   // an H200) and the mma.sync kernel it replaced (0 = Auto, 1 = MmaSync, 2 = Wgmma).
-  // 16 heads also with the split partials merged by the last CTA per tile (tickets) and by the
-  // separate combine kernel (the baselines of the cluster merge Auto takes on an H200).
+  // 16 heads also with the split partials merged in clusters for every token (at batch 64 on 132 SMs a
+  // second wave: 64 clusters of 4, 62 resident), by the last CTA per tile (tickets) and by the
+  // separate combine kernel (the baselines of what Auto takes on an H200: clusters, with a tail grid
+  // on tickets for the tokens whose clusters are not resident at once).
   using Merge = gpu::MlaDecodeMerge;
   struct Run {
     int heads, forced;
     Merge merge;
   };
-  const Run runs[] = {{16, 0, Merge::Auto},  {16, 0, Merge::Tickets}, {16, 0, Merge::Kernel}, {16, 2, Merge::Auto},
-                      {128, 0, Merge::Auto}, {128, 1, Merge::Auto},   {128, 2, Merge::Auto},  {12, 0, Merge::Auto},
-                      {8, 0, Merge::Auto}};
-  constexpr const char* kMergeTag[] = {"", " [cluster merge]", " [ticket merge]", " [combine kernel]"};
-  constexpr const char* kMergeKey[] = {"", " cluster", " tickets", " combine"};
+  const Run runs[] = {{16, 0, Merge::Auto},  {16, 0, Merge::Cluster}, {16, 0, Merge::Tickets}, {16, 0, Merge::Kernel},
+                      {16, 2, Merge::Auto},  {128, 0, Merge::Auto},   {128, 1, Merge::Auto},    {128, 2, Merge::Auto},
+                      {12, 0, Merge::Auto},  {8, 0, Merge::Auto}};
+  // Indexed by MlaDecodeMerge.
+  constexpr const char* kMergeTag[] = {"", " [cluster merge]", " [clusters + tail grid]", " [ticket merge]",
+                                       " [combine kernel]"};
+  constexpr const char* kMergeKey[] = {"", " cluster", " cluster+tail", " tickets", " combine"};
   constexpr gpu::MlaDecodeKernel kForced[] = {gpu::MlaDecodeKernel::Auto, gpu::MlaDecodeKernel::MmaSync,
                                               gpu::MlaDecodeKernel::Wgmma};
   constexpr const char* kForcedTag[] = {"", " mma.sync", " wgmma"};
@@ -129,6 +133,7 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
     const auto kernel = kForced[forced];
     // Forced wgmma pads the heads to its 64-head tile.
     if (forced >= 2 && !gpu::mla_decode_sm90a_supported((heads + 63) / 64 * 64, kRank, kRope)) continue;
+    if (merge == Merge::Cluster && !gpu::mla_decode_cluster_merge_supported()) continue;
     gpu::set_mla_decode_kernel(*be, kernel);
     gpu::set_mla_decode_merge(*be, merge);
     // The first case once more, unreported, before its timed run: its first run after the ceilings

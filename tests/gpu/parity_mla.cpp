@@ -253,10 +253,14 @@ struct MergeGuard {
   explicit MergeGuard(gpu::MlaDecodeMerge merge) { gpu::set_mla_decode_merge(gpu_backend(), merge); }
   ~MergeGuard() { gpu::set_mla_decode_merge(gpu_backend(), gpu::MlaDecodeMerge::Auto); }
 };
-// The merges a test runs: Cluster where the device has clusters (sm_90), Tickets, Kernel.
+// The merges a test runs: Cluster and ClusterTail (half the tokens in clusters, the rest in a ticket
+// grid beside them) where the device has clusters (sm_90), Tickets, Kernel.
 std::vector<std::pair<gpu::MlaDecodeMerge, std::string>> decode_merges() {
   std::vector<std::pair<gpu::MlaDecodeMerge, std::string>> m;
-  if (gpu::mla_decode_cluster_merge_supported()) m.emplace_back(gpu::MlaDecodeMerge::Cluster, "cluster merge");
+  if (gpu::mla_decode_cluster_merge_supported()) {
+    m.emplace_back(gpu::MlaDecodeMerge::Cluster, "cluster merge");
+    m.emplace_back(gpu::MlaDecodeMerge::ClusterTail, "clusters + tail grid");
+  }
   m.emplace_back(gpu::MlaDecodeMerge::Tickets, "ticket merge");
   m.emplace_back(gpu::MlaDecodeMerge::Kernel, "combine kernel");
   return m;
@@ -297,8 +301,8 @@ TEST(GpuParityMla, AbsorbedTensorCoreSplitMergeAndBlockSizes) {
 // splits each token uses follow kv_lens on the device. One capture, then replays at new contexts (same
 // buffers, fresh kv_lens; the tables cover the first step's, longest, contexts). Two tokens: 2 and 3
 // tiles (one split in use: the kernel writes out and the combine skips the row; two splits), 18
-// tiles (9), and back. 64 tokens x 16 heads: the 4-split grid, with each merge (cluster, tickets,
-// combine kernel), at contexts that use 4, 2-3, 1-2 and 1 splits. out is re-poisoned before each
+// tiles (9), and back. 64 tokens x 16 heads: the 4-split grid, with each merge (cluster, clusters +
+// tail grid, tickets, combine kernel, and Auto), at contexts that use 4, 2-3, 1-2 and 1 splits. out is re-poisoned before each
 // replay, so only the replay can pass.
 TEST(GpuParityMla, AbsorbedTensorCoreGraphReplayContexts) {
   if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, deepseek_mla_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
@@ -340,9 +344,11 @@ TEST(GpuParityMla, AbsorbedTensorCoreGraphReplayContexts) {
     for (int i = 0; i < 64; ++i) lens[i] = std::max(1, base - int32_t(rng() % 64u));
     wide_steps.push_back(lens);
   }
-  // Auto merges this grid with tickets on an H200 (64 clusters of 4 do not fit one wave:
-  // clusters_fit); the cluster merge is forced so that it is captured too.
-  for (const auto& [merge, tag] : decode_merges()) {
+  // Auto merges this grid in clusters plus a ticket tail grid on an H100 / H200 (64 clusters of 4 do
+  // not fit one wave: cluster_tokens_for); every merge is forced in turn so that each is captured.
+  auto merges = decode_merges();
+  merges.emplace_back(gpu::MlaDecodeMerge::Auto, "auto");  // on 132 SMs: 62 tokens in clusters, 2 in the tail grid
+  for (const auto& [merge, tag] : merges) {
     MergeGuard guard(merge);
     SCOPED_TRACE(tag);
     run(wide, 16, wide_steps);

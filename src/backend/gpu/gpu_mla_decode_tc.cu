@@ -332,8 +332,8 @@ __device__ void merge_in_cluster(const MlaDecodeTcArgs& a, int token, int head0,
 // behind the other's).
 // kCluster: launched as clusters of the grid's num_splits CTAs along y (2..kFusedMaxSplits), which
 // merge their partials in merge_in_cluster; a.tickets is then unused.
-template <int M, int U, int S, int CTAS, bool kCluster>
-__global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecodeTcArgs a, int num_splits, int q_vec) {
+template <int M, int U, int S, bool kCluster>
+__device__ __forceinline__ void attend_tile(const MlaDecodeTcArgs& a, int num_splits, int q_vec, int token) {
   using G = TcGeom<M, U, S>;
   constexpr int kHeads = G::kHeads, kStages = S, kUnit = U, kLoadRowsPerWarp = G::kLoadRowsPerWarp;
   constexpr int kKeysPerWarp = G::kKeysPerWarp, kSStride = G::kSStride, kPStride = G::kPStride;
@@ -353,12 +353,7 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
 
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
-  const int head0 = int(blockIdx.x) * kHeads, split = int(blockIdx.y), token = int(blockIdx.z);
-
-  // Launched with PDL: wait for the previous kernel (q's last writer) before reading anything, then
-  // let the next grid (the combine, or expand_v's matvec) launch: its CTAs wait in their own pdl_wait
-  // until this grid has completed, so only its launch latency is hidden.
-  pdl_enter();
+  const int head0 = int(blockIdx.x) * kHeads, split = int(blockIdx.y);
 
   const TokenRange tr = token_range<true>(a, token);
   const int limit = tr.limit;
@@ -719,6 +714,28 @@ __global__ void __launch_bounds__(kThreads, CTAS) mla_decode_tc_kernel(MlaDecode
   if (!direct && a.tickets) merge_if_last<kHeads>(a, token, head0, used, ws_o, ws_ml, reinterpret_cast<float*>(smem), last_s);
 }
 
+// The grid's CTA (blockIdx.x head group, blockIdx.y split) of query token token0 + blockIdx.z.
+// Launched with PDL. A main grid (tail = 0) waits for the previous kernel (q's last writer) before
+// reading anything, then lets the next grid (the combine, expand_v's matvec, or the tail grid below)
+// launch: a successor's CTAs wait in their own pdl_wait until this grid has completed, so only its
+// launch latency is hidden.
+// A tail grid (tail = 1) runs the last tokens of a call alongside a cluster grid that holds the
+// others (mla_decode_tc: the clusters that fit one wave take tokens [0, token0), this grid the rest,
+// with tickets, in the SM slots the clusters leave free). It is launched right behind the cluster
+// grid, which triggers only after its own pdl_wait, so when a tail CTA starts every kernel before
+// the cluster grid has completed and its writes (q, the cache row) are visible: the tail reads them
+// at once, without waiting for the cluster grid, and shares nothing with it (its tokens' out rows,
+// workspace rows and tickets are its own). It waits for the cluster grid at its end instead and
+// never triggers, so its completion implies the cluster grid's and the next kernel sees both
+// grids' outputs (the PDL chain rule of launch_maybe_pdl holds past the pair).
+template <int M, int U, int S, int CTAS, bool kCluster>
+__global__ void __launch_bounds__(kThreads, CTAS)
+    mla_decode_tc_kernel(MlaDecodeTcArgs a, int num_splits, int q_vec, int token0, int tail) {
+  if (!tail) pdl_enter();
+  attend_tile<M, U, S, kCluster>(a, num_splits, q_vec, token0 + int(blockIdx.z));
+  if (tail) pdl_wait();
+}
+
 // Merges the split partials of one (token, head) row in split order (deterministic):
 // out = sum_i 2^(m_i - M) O_i / sum_i 2^(m_i - M) l_i over the `used` splits of the token (the same
 // count the attention kernel derived; used = 1: that kernel wrote out, nothing to do). Block: 128
@@ -822,11 +839,10 @@ DecodePlan plan_for(const MlaDecodeTcArgs& args) {
   return p;
 }
 
-// cluster: clusters of (1, splits, 1) CTAs, one per (head tile, token), merging in the kernel
-// (merge_in_cluster); launched with PDL like the others.
-// The launch of one geometry (cluster: clusters of (1, splits, 1)).
+// The launch of one geometry over query tokens [token0, token0 + tokens): cluster: clusters of (1,
+// splits, 1) CTAs, one per (head tile, token), merging in the kernel (merge_in_cluster); PDL always.
 template <int M, int U, int S, int CTAS>
-cudaLaunchConfig_t attention_config(const MlaDecodeTcArgs& args, int splits, bool cluster, Stream stream,
+cudaLaunchConfig_t attention_config(const MlaDecodeTcArgs& args, int splits, int tokens, bool cluster, Stream stream,
                                     cudaLaunchAttribute (&attr)[2]) {
   attr[0] = {};
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -837,7 +853,7 @@ cudaLaunchConfig_t attention_config(const MlaDecodeTcArgs& args, int splits, boo
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(args.num_heads / (kHeadTile * M)), unsigned(splits), unsigned(args.num_tokens));
+  cfg.gridDim = dim3(unsigned(args.num_heads / (kHeadTile * M)), unsigned(splits), unsigned(tokens));
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = TcGeom<M, U, S>::kSmemBytes;
   cfg.stream = stream;
@@ -846,46 +862,51 @@ cudaLaunchConfig_t attention_config(const MlaDecodeTcArgs& args, int splits, boo
   return cfg;
 }
 
-// Whether the grid's clusters of `splits` CTAs are all resident at once. A cluster's CTAs share one
-// GPC, so clusters pack worse than CTAs: on the H200 (132 SMs) at two 95 KB CTAs per SM, 62 clusters
-// of 4 fit against 264 lone CTAs, and batch 64 x 16 heads x 4 splits = 64 clusters would run a
-// second wave (measured 2026-12-03: 125.9 us against 92.6 us with tickets). Per (geometry, splits),
-// asked once (cudaOccupancyMaxActiveClusters).
+// How many of the call's tokens, from the first, merge in clusters (the rest: a tail grid with
+// tickets beside them, or with no cluster grid the tickets or the combine kernel). A cluster's CTAs
+// share one GPC, so clusters pack worse than lone CTAs: on an H100 or H200 (132 SMs) at two 95 KB
+// CTAs per SM 62 clusters of 4 are resident at once against 264 lone CTAs, and batch 64 x 16 heads x
+// 4 splits = 64 clusters in one grid run a second wave (H200, 2026-12-03: 125.9 us against 92.6 us
+// with tickets). Auto therefore gives the clusters the tokens that fit one wave and, where the whole
+// grid would fit one wave of lone CTAs (the tail's CTAs find the slots the clusters leave), the rest
+// to the tail grid; else tickets for all. ClusterTail forces the pair with at most half the tokens in
+// clusters (tests: both grids run at any batch of 2+). The resident-cluster count is asked once per
+// (geometry, splits) (cudaOccupancyMaxActiveClusters).
 template <int M, int U, int S, int CTAS>
-bool clusters_fit(const MlaDecodeTcArgs& args, int splits, Stream stream) {
+int cluster_tokens_for(const MlaDecodeTcArgs& args, int splits, Stream stream) {
+  const int tokens = args.num_tokens;
+  if (args.merge == MlaDecodeMerge::Cluster) return tokens;
   static std::atomic<int> max_clusters[kFusedMaxSplits + 1] = {};  // 0: not asked yet
   int n = max_clusters[splits].load(std::memory_order_relaxed);
   if (n == 0) {
     const auto kernel = mla_decode_tc_kernel<M, U, S, CTAS, true>;
     MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, TcGeom<M, U, S>::kSmemBytes));
     cudaLaunchAttribute attr[2];
-    const cudaLaunchConfig_t cfg = attention_config<M, U, S, CTAS>(args, splits, true, stream, attr);
+    const cudaLaunchConfig_t cfg = attention_config<M, U, S, CTAS>(args, splits, tokens, true, stream, attr);
     MLA_GPU_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
     n = std::max(n, 1);
     max_clusters[splits].store(n, std::memory_order_relaxed);
   }
-  return int64_t(args.num_tokens) * (args.num_heads / (kHeadTile * M)) <= n;
+  const int64_t groups = args.num_heads / (kHeadTile * M), resident = n / groups;  // tokens whose clusters fit
+  if (args.merge == MlaDecodeMerge::ClusterTail) return int(std::min<int64_t>(resident, tokens / 2));
+  if (resident >= tokens) return tokens;
+  const bool one_wave = int64_t(tokens) * groups * splits <= int64_t(sm_count()) * CTAS;
+  return args.tickets != nullptr && one_wave ? int(resident) : 0;
 }
 
+// Launches the attention grid over tokens [token0, token0 + tokens); tail: the tail grid beside a
+// cluster grid (see mla_decode_tc_kernel).
 template <int M, int U, int S, int CTAS>
-void launch_attention(const MlaDecodeTcArgs& args, int splits, int q_vec, bool cluster, Stream stream) {
+void launch_attention(const MlaDecodeTcArgs& args, int splits, int q_vec, bool cluster, int token0, int tokens,
+                      bool tail, Stream stream) {
   constexpr int kSmem = TcGeom<M, U, S>::kSmemBytes;
   static_assert(CTAS * (kSmem + 1024) <= 228 * 1024, "CTAs per SM must fit the SM's shared memory");
-  const dim3 grid(unsigned(args.num_heads / (kHeadTile * M)), unsigned(splits), unsigned(args.num_tokens));
-  if (!cluster) {
-    const auto kernel = mla_decode_tc_kernel<M, U, S, CTAS, false>;
-    MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    launch_maybe_pdl(kernel, grid, dim3(kThreads), kSmem, true, stream, args, splits, q_vec);
-    return;
-  }
-  const auto kernel = mla_decode_tc_kernel<M, U, S, CTAS, true>;
+  const auto kernel = cluster ? mla_decode_tc_kernel<M, U, S, CTAS, true> : mla_decode_tc_kernel<M, U, S, CTAS, false>;
   MLA_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = attention_config<M, U, S, CTAS>(args, splits, true, stream, attr);
-  MLA_GPU_CHECK(cudaLaunchKernelEx(&cfg, kernel, args, splits, q_vec));
+  const cudaLaunchConfig_t cfg = attention_config<M, U, S, CTAS>(args, splits, tokens, cluster, stream, attr);
+  MLA_GPU_CHECK(cudaLaunchKernelEx(&cfg, kernel, args, splits, q_vec, token0, tail ? 1 : 0));
 }
-
-
 
 // The combine, launched with programmatic stream serialization (PDL; a programmatic edge when
 // captured): it may start once every attention CTA has triggered, and waits for that grid in-kernel.
@@ -951,30 +972,36 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream) {
   // has 2..kFusedMaxSplits splits (see its definition); else the combine kernel does.
   MlaDecodeTcArgs k = args;
   const bool fusable = !plan.wgmma && splits > 1 && splits <= kFusedMaxSplits;
-  MLA_CHECK(args.merge != MlaDecodeMerge::Cluster || !fusable || mla_decode_cluster_merge_supported(),
+  const bool wants_cluster = args.merge == MlaDecodeMerge::Cluster || args.merge == MlaDecodeMerge::ClusterTail;
+  MLA_CHECK(!wants_cluster || !fusable || mla_decode_cluster_merge_supported(),
             "mla_decode_tc: cluster merge forced but thread-block clusters need compute capability 9.0");
-  auto fits = [&]() {
+  MLA_CHECK(args.merge != MlaDecodeMerge::ClusterTail || !fusable || args.tickets != nullptr,
+            "mla_decode_tc: the cluster merge with a tail grid needs tickets");
+  int cluster_tokens = 0;  // tokens [0, cluster_tokens) merge in clusters
+  if (fusable && (wants_cluster || (args.merge == MlaDecodeMerge::Auto && mla_decode_cluster_merge_supported()))) {
     switch (plan.variant) {
-      case TcVariant::M2U64S2: return clusters_fit<2, 64, 2, 1>(args, splits, stream);
-      case TcVariant::M1U64S2: return clusters_fit<1, 64, 2, 1>(args, splits, stream);
-      case TcVariant::M1U32S2x2: return clusters_fit<1, 32, 2, 2>(args, splits, stream);
+      case TcVariant::M2U64S2: cluster_tokens = cluster_tokens_for<2, 64, 2, 1>(args, splits, stream); break;
+      case TcVariant::M1U64S2: cluster_tokens = cluster_tokens_for<1, 64, 2, 1>(args, splits, stream); break;
+      case TcVariant::M1U32S2x2: cluster_tokens = cluster_tokens_for<1, 32, 2, 2>(args, splits, stream); break;
     }
-    return false;
-  };
-  // Auto takes clusters only where they all fit one wave (clusters_fit); forced, they always run.
-  const bool cluster = fusable && (args.merge == MlaDecodeMerge::Cluster ||
-                                   (args.merge == MlaDecodeMerge::Auto && mla_decode_cluster_merge_supported() && fits()));
-  if (!fusable || cluster || args.merge == MlaDecodeMerge::Kernel) k.tickets = nullptr;
+  }
+  const int tokens = args.num_tokens;
+  if (!fusable || cluster_tokens == tokens || args.merge == MlaDecodeMerge::Kernel) k.tickets = nullptr;
   if (plan.wgmma) {
     mla_decode_sm90a_attention(k, splits, q_vec, stream);
   } else {
-    switch (plan.variant) {
-      case TcVariant::M2U64S2: launch_attention<2, 64, 2, 1>(k, splits, q_vec, cluster, stream); break;
-      case TcVariant::M1U64S2: launch_attention<1, 64, 2, 1>(k, splits, q_vec, cluster, stream); break;
-      case TcVariant::M1U32S2x2: launch_attention<1, 32, 2, 2>(k, splits, q_vec, cluster, stream); break;
-    }
+    // The cluster grid first: its clusters take whole GPC slots before the tail's lone CTAs fill the rest.
+    auto launch = [&](bool cluster, int token0, int count, bool tail) {
+      switch (plan.variant) {
+        case TcVariant::M2U64S2: launch_attention<2, 64, 2, 1>(k, splits, q_vec, cluster, token0, count, tail, stream); break;
+        case TcVariant::M1U64S2: launch_attention<1, 64, 2, 1>(k, splits, q_vec, cluster, token0, count, tail, stream); break;
+        case TcVariant::M1U32S2x2: launch_attention<1, 32, 2, 2>(k, splits, q_vec, cluster, token0, count, tail, stream); break;
+      }
+    };
+    if (cluster_tokens > 0) launch(true, 0, cluster_tokens, false);
+    if (cluster_tokens < tokens) launch(false, cluster_tokens, tokens - cluster_tokens, cluster_tokens > 0);
   }
-  if (splits > 1 && !cluster && k.tickets == nullptr) launch_combine(k, splits, stream);
+  if (splits > 1 && cluster_tokens == 0 && k.tickets == nullptr) launch_combine(k, splits, stream);
 }
 
 #else  // HIP: no mma.sync; the dispatcher takes the generic path.

@@ -41,12 +41,17 @@ enum class MlaDecodeKernel {
 // kMlaDecodeMaxFusedSplits splits (more splits, the wgmma kernel and the Kernel choice run the
 // separate combine kernel).
 enum class MlaDecodeMerge {
-  Auto,     // Cluster on compute capability 9.0+ where the grid's clusters are all resident at once
-            // (62 clusters of 4 on an H200 at two CTAs per SM), else Tickets
-  Cluster,  // the splits of a tile form a thread-block cluster and merge through distributed shared
-            // memory, each CTA a share of the rows (sm_90+; forcing it elsewhere fails)
-  Tickets,  // the tile's last CTA to finish (atomic tickets) merges the partials from global memory
-  Kernel,   // the separate combine kernel (the A/B baseline)
+  Auto,         // on compute capability 9.0+: Cluster where the grid's clusters are all resident at
+                // once; ClusterTail where they are not (62 clusters of 4 on an H100 / H200 at two CTAs
+                // per SM, against 64 for batch 64 x 16 heads) but the whole grid fits one wave of lone
+                // CTAs; else Tickets
+  Cluster,      // the splits of a tile form a thread-block cluster and merge through distributed
+                // shared memory, each CTA a share of the rows (sm_90+; forcing it elsewhere fails)
+  ClusterTail,  // the first tokens (as many as have their clusters resident at once; forced: at most
+                // half) in a Cluster grid, the rest in a Tickets grid running beside it (sm_90+ and
+                // tickets; forcing it without either fails)
+  Tickets,      // the tile's last CTA to finish (atomic tickets) merges the partials from global memory
+  Kernel,       // the separate combine kernel (the A/B baseline)
 };
 constexpr int kMlaDecodeMaxFusedSplits = 4;
 
