@@ -7,7 +7,8 @@
 # it ranks changes, it does not replace the H200's rows of record. Grids sized to the SM count see
 # the share (cudaDevAttrMultiProcessorCount), so a fixed-shape launch can change its waves: MLA
 # decode's batch-64 rows need `--decode-batch 46` there to keep the H200's one wave (there its ticket
-# merge read 72%, near the H200's 76%, and the cluster merge 84%).
+# merge read 72-73%, near the H200's 76%; the cluster merge 84% on one H100 and 78% on another, so
+# compare cluster rows within one process: how MPS's SMs fall on the GPCs is likely to differ).
 # Usage: [PCT=71] tools/gpu_standin.sh COMMAND [ARGS...]
 #   e.g. tools/gpu_standin.sh build/cuda/bench/mla_bench_gpu --only moe
 # The MPS daemon runs for the command only (stopped on exit); the command's bench report names the
