@@ -302,8 +302,8 @@ TEST(GpuParityMla, AbsorbedTensorCoreSplitMergeAndBlockSizes) {
 // buffers, fresh kv_lens; the tables cover the first step's, longest, contexts). Two tokens: 2 and 3
 // tiles (one split in use: the kernel writes out and the combine skips the row; two splits), 18
 // tiles (9), and back. 64 tokens x 16 heads: the 4-split grid, with each merge (cluster, clusters +
-// tail grid, tickets, combine kernel, and Auto), at contexts that use 4, 2-3, 1-2 and 1 splits. out is re-poisoned before each
-// replay, so only the replay can pass.
+// tail grid, tickets, combine kernel, and Auto), at contexts that use 4, 2-3, 1-2 and 1 splits. out
+// is re-poisoned before each replay, so only the replay can pass.
 TEST(GpuParityMla, AbsorbedTensorCoreGraphReplayContexts) {
   if (!gpu::mla_attention_uses_tensor_cores(DType::BF16, deepseek_mla_dims(16))) GTEST_SKIP() << "no tensor-core MLA path";
   std::mt19937 rng(307);

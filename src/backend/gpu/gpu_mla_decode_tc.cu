@@ -990,12 +990,19 @@ void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream) {
   if (plan.wgmma) {
     mla_decode_sm90a_attention(k, splits, q_vec, stream);
   } else {
-    // The cluster grid first: its clusters take whole GPC slots before the tail's lone CTAs fill the rest.
+    // The cluster grid first: its clusters take whole GPC slots before the tail's lone CTAs fill the
+    // rest.
     auto launch = [&](bool cluster, int token0, int count, bool tail) {
       switch (plan.variant) {
-        case TcVariant::M2U64S2: launch_attention<2, 64, 2, 1>(k, splits, q_vec, cluster, token0, count, tail, stream); break;
-        case TcVariant::M1U64S2: launch_attention<1, 64, 2, 1>(k, splits, q_vec, cluster, token0, count, tail, stream); break;
-        case TcVariant::M1U32S2x2: launch_attention<1, 32, 2, 2>(k, splits, q_vec, cluster, token0, count, tail, stream); break;
+        case TcVariant::M2U64S2:
+          launch_attention<2, 64, 2, 1>(k, splits, q_vec, cluster, token0, count, tail, stream);
+          break;
+        case TcVariant::M1U64S2:
+          launch_attention<1, 64, 2, 1>(k, splits, q_vec, cluster, token0, count, tail, stream);
+          break;
+        case TcVariant::M1U32S2x2:
+          launch_attention<1, 32, 2, 2>(k, splits, q_vec, cluster, token0, count, tail, stream);
+          break;
       }
     };
     if (cluster_tokens > 0) launch(true, 0, cluster_tokens, false);

@@ -102,9 +102,9 @@ size_t mla_decode_tc_workspace_bytes(const MlaDecodeTcArgs& args);
 // one split is written directly and skipped by the combine).
 // Launches on `stream` the attention grid (with ClusterTail: a cluster grid and a ticket grid, the
 // second as a programmatic dependent launch) and, where that grid does not merge its split partials
-// itself (see MlaDecodeMerge), the combine kernel (also a programmatic dependent launch). q's and out's last dims must be contiguous; cache
-// and workspace 16-byte aligned; out must not alias q, cache or workspace; num_tokens <= 65535.
-// Never allocates or synchronizes (graph-capturable).
+// itself (see MlaDecodeMerge), the combine kernel (also a programmatic dependent launch). q's and
+// out's last dims must be contiguous; cache and workspace 16-byte aligned; out must not alias q,
+// cache or workspace; num_tokens <= 65535. Never allocates or synchronizes (graph-capturable).
 // Precision: q and P are rounded to bf16 for the MMAs (fp32 accumulation, fp32 softmax).
 void mla_decode_tc(const MlaDecodeTcArgs& args, Stream stream);
 
