@@ -871,7 +871,8 @@ cudaLaunchConfig_t attention_config(const MlaDecodeTcArgs& args, int splits, int
 // grid would fit one wave of lone CTAs (the tail's CTAs find the slots the clusters leave), the rest
 // to the tail grid; else tickets for all. ClusterTail forces the pair with at most half the tokens in
 // clusters (tests: both grids run at any batch of 2+). The resident-cluster count is asked once per
-// (geometry, splits) (cudaOccupancyMaxActiveClusters).
+// (geometry, splits) (cudaOccupancyMaxActiveClusters: what the device holds at once, whatever the
+// grid size of the config it is given).
 template <int M, int U, int S, int CTAS>
 int cluster_tokens_for(const MlaDecodeTcArgs& args, int splits, Stream stream) {
   const int tokens = args.num_tokens;
