@@ -552,8 +552,8 @@ TEST(GpuParityMoe, TensorCoreDecodeFusedOwnPlanOddIds) {
 // experts, top-2), a shape whose down pass is longer than its gate/up pass (256 x 1024). Wide
 // stages: one stage per gate/up K half and per down tile (1024 x 1024, T <= 2: K split), the
 // DeepSeek-V3 shape at batch 1 / 2 / 8. Each ring call runs twice (the barriers' phases restart
-// with every launch). In the fused grid a
-// CTA's items of both kinds follow each other through its rings (each slot's phase carries over).
+// with every launch). In the fused grid a CTA's items of both kinds follow each other through its
+// rings (each slot's phase carries over).
 // The test checks that the ring path ran (the test GPU is sm_90), and the ring result against the
 // CPU.
 TEST(GpuParityMoe, TensorCoreDecodeBf16RingBitIdentical) {

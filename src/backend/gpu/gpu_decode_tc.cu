@@ -579,6 +579,7 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // the 512-byte down boxes are 128 elements.
 struct RingChunks {
   int gate_up, down;
+  constexpr int of(bool gate_up_kind) const { return gate_up_kind ? gate_up : down; }
 };
 constexpr RingChunks kRingNarrow{2, 4}, kRingWide{4, 8};
 constexpr RingChunks ring_chunks(bool wide) { return wide ? kRingWide : kRingNarrow; }
@@ -593,7 +594,7 @@ constexpr int kRingMapElem = 4;  // bytes per element of the ring's tensor maps 
 constexpr int kRingWarpBytes = 18 * 1024;        // per warp: 72 KB per CTA, 2 CTAs per SM with the staging
 constexpr int kRingMaxStages = 8;
 template <MoeFormat F, int kMats, bool kWide> struct RingGeom {
-  static constexpr int kChunks = kMats == 2 ? ring_chunks(kWide).gate_up : ring_chunks(kWide).down;
+  static constexpr int kChunks = ring_chunks(kWide).of(kMats == 2);
   static constexpr int kRowBytes = kChunks * 64;  // a row's bytes per stage (a chunk: 64 B of a row, either format)
   static constexpr int kScaleRowBytes = kChunks * 8;  // INT4: a row's 4 bf16 group scales per chunk
   static constexpr int kWBytes = kMats * kTileM * kRowBytes;
@@ -606,9 +607,7 @@ template <MoeFormat F, int kMats, bool kWide> struct RingGeom {
 // The ring needs whole narrow stages (every K range the tiles stream starts and ends on a stage:
 // hidden a multiple of 256, inter of 512 for INT4); the maps need 16-byte aligned rows
 // (moe_tc_ring_maps checks).
-constexpr int64_t ring_k_multiple(MoeFormat f, bool gate_up) {
-  return (gate_up ? ring_chunks(false).gate_up : ring_chunks(false).down) * chunk_k(f);
-}
+constexpr int64_t ring_k_multiple(MoeFormat f, bool gate_up) { return ring_chunks(false).of(gate_up) * chunk_k(f); }
 
 struct WarpRing {
   const unsigned char* buf = nullptr;  // this warp's kRingWarpBytes (generic: the fragment loads)
@@ -1348,7 +1347,7 @@ bool moe_tc_ring_maps(const DeviceExpert* host_table, int64_t experts, int64_t h
     for (int i = 0; i < 3; ++i) {
       const int64_t rows = i < 2 ? inter : hidden, k = i < 2 ? hidden : inter;
       // INT4 group-32 weights: k / 2 bytes per row (data_stride in int32 words), bf16 scales.
-      const int chunks = i < 2 ? rc.gate_up : rc.down;  // the stage's RingGeom::kChunks
+      const int chunks = rc.of(i < 2);  // the stage's RingGeom::kChunks
       if (!make(m[i], w[i]->data, rows, k / 2, w[i]->data_stride * 4, chunks * 64) ||
           !make(m[3 + i], w[i]->scale, rows, k / 32 * 2, w[i]->scale_stride * 2, chunks * 8))
         return false;
