@@ -31,11 +31,22 @@ constexpr int kKvDim = kRank + kRope;             // 576: key width = cache row
 constexpr int kHeadTile = kMlaTcHeadTile;         // 16 query heads = one mma M tile
 constexpr int kKeys = kMlaDecodeKeyTile;          // 64 cache positions per split tile (split bookkeeping)
 constexpr int kWarps = 8, kThreads = kWarps * 32;  // CUDA-only file: warps are 32 lanes
-constexpr int kRowElems = kKvDim + 8;             // padded smem row: 1168 B = 73 x 16 B (odd) so the
-                                                  // 8 row addresses of an ldmatrix hit distinct banks
+constexpr int kRowElems = kKvDim + 8;             // padded Q staging row: 1168 B = 73 x 16 B (odd) so
+                                                  // the 8 row addresses of an ldmatrix hit distinct banks
+// The cache ring's rows are not padded: a stage row is the cache row's 1152 B (9 x 128 B), its 16-byte
+// chunk c stored at chunk c ^ (row % 8) (an XOR swizzle within each 128-byte line). Why: cp.async
+// writes each 128-byte line of global memory into one 128-byte line of shared memory only where both
+// sit at the same offset mod 128; padded 1168-byte rows broke that for 7 rows in 8, and the ring's
+// fills then took 4x their ideal shared-memory wavefronts: 61% of all of the kernel's (ncu, H100,
+// batch 64 x 16 heads, 2026-12-07), whose shared-memory pipe was what bounded it with the cache in
+// L2. The swizzle keeps an ldmatrix's 8 rows (8 consecutive keys from a multiple of 8) on distinct
+// banks, as the padding did.
 constexpr int kKSteps = kKvDim / 16;              // 36 k16 steps of S = Q K^T
-// S = Q K^T: warp w computes keys [U/2 (w / 4), +U/2) of a U-key unit over dims [144 (w % 4), +144);
-// the 4 dim quarters are summed through shared memory. Q's fragments for those dims stay in registers.
+// S = Q K^T: warp w computes keys [U/2 (w / 4), +U/2) of a U-key unit over k16 steps w % 4, w % 4 + 4,
+// ..., w % 4 + 32 (dims 16 (4 i + w % 4) + [0, 16), i < 9: interleaved so that step i's two chunks sit
+// in 128-byte line i, at chunks 2 (w % 4) and 2 (w % 4) + 1 before the swizzle, and a lane's swizzled
+// offset is one per-lane constant); the 4 partials are summed through shared memory. Q's fragments
+// for those dims stay in registers.
 constexpr int kDimSplit = 4, kKeySplit = kWarps / kDimSplit;  // 4 dim quarters x 2 key halves
 constexpr int kKStepsPerWarp = kKSteps / kDimSplit;           // 9 k16 steps per warp
 constexpr int kColsPerWarp = kRank / kWarps;      // 64: warp w owns O columns [64w, 64w + 64)
@@ -67,7 +78,7 @@ template <int M, int U, int S> struct TcGeom {
   static constexpr int kLoadRowsPerWarp = U / kWarps;      // cache rows copied per warp and unit: 4 or 8
   static constexpr int kSStride = U + 8;                   // fp32 partial-S row (8 mod 32 floats): conflict-free float2
   static constexpr int kPStride = U + 8;                   // bf16 P row (16 B x odd)
-  static constexpr int kUnitBytes = U * kRowElems * 2;     // 37,376 or 74,752
+  static constexpr int kUnitBytes = U * kKvDim * 2;        // 36,864 or 73,728 (rows of 9 x 128 B)
   static constexpr int kKvBytes = S * kUnitBytes;
   // Softmax: a row's kLanesPerRow lanes (16 or 8, an aligned lane group) hold kKeysPerLane keys each,
   // read as groups of kVec adjacent floats (a row's lanes read 32 consecutive floats per group:
@@ -339,7 +350,7 @@ __device__ __forceinline__ void attend_tile(const MlaDecodeTcArgs& a, int num_sp
   constexpr int kKeysPerWarp = G::kKeysPerWarp, kSStride = G::kSStride, kPStride = G::kPStride;
   constexpr int kUnitBytes = G::kUnitBytes;
   extern __shared__ __align__(128) unsigned char smem[];
-  uint16_t* kv_s = reinterpret_cast<uint16_t*>(smem);                         // [kStages][kUnit][kRowElems]
+  uint16_t* kv_s = reinterpret_cast<uint16_t*>(smem);                         // [kStages][kUnit][kKvDim] swizzled
   float* s_part = reinterpret_cast<float*>(smem + G::kKvBytes);               // [kDimSplit][kHeads][kSStride]
   uint16_t* q_s = reinterpret_cast<uint16_t*>(smem + G::kKvBytes);            // [kHeads][kRowElems] (alias)
   uint16_t* p_s = reinterpret_cast<uint16_t*>(smem + G::kKvBytes + G::kRedBytes);  // [kHeads][kPStride]
@@ -434,13 +445,16 @@ __device__ __forceinline__ void attend_tile(const MlaDecodeTcArgs& a, int num_sp
   // Issues the cp.async copies of `unit` into ring stage `stage` as one commit group: warp w copies
   // rows [R w, R w + R), R = kLoadRowsPerWarp, whose cache rows its lanes < R hold in `my_row` (slot <
   // 2^31: a cache of 2^31 rows would be 2.4 TB); each 1152-byte row is copied by the warp as 16-byte
-  // chunks lane, lane + 32 and lane + 64 (coalesced). Rows at or past `limit` are zero-filled: P is 0
+  // chunks lane, lane + 32 and lane + 64 (coalesced), to the swizzled chunks (lane ^ row % 8) + 0, 32,
+  // 64 of the stage row (the XOR changes the low 3 bits only). Rows at or past `limit` are zero-filled: P is 0
   // there, but 0 * garbage could be NaN in the P V product. A unit past unit_end commits an empty
   // group, so the group count per iteration stays uniform for cp_async_wait.
   // (An L2 prefetch of the next 1-2 tiles was tried on the H200, 2026-11-30, with two 64-key
   // buffers: 16 heads fell from 65% of copy bandwidth to 47-60%; not used.)
   const char* cache_bytes = reinterpret_cast<const char*>(a.cache) + lane * 16;
-  const uint32_t kv_base = smem_addr(kv_s) + uint32_t((warp * kLoadRowsPerWarp * kRowElems) * 2 + lane * 16);
+  const uint32_t kv_base = smem_addr(kv_s) + uint32_t(warp * kLoadRowsPerWarp * kKvDim * 2);
+  const int lane_x = lane ^ ((warp * kLoadRowsPerWarp) % 8);  // row rr of this warp: XOR rr too (no carry:
+                                                              // (warp R) % 8 is 0 or 4, rr < R <= 8)
   auto load_unit = [&](int stage, int unit, int2 ref) {
     const int my_row = ref.x >= 0 ? ref.x * a.block_size + ref.y : -1;
     if (unit < unit_end) {
@@ -450,7 +464,7 @@ __device__ __forceinline__ void attend_tile(const MlaDecodeTcArgs& a, int num_sp
         const int row_slot = shfl(my_row, rr);
         const char* src = cache_bytes + (row_slot >= 0 ? int64_t(row_slot) * (kKvDim * 2) : 0);
         const int bytes = row_slot >= 0 ? 16 : 0;
-        const uint32_t d = dst + uint32_t(rr * kRowElems * 2);
+        const uint32_t d = dst + uint32_t(rr * kKvDim * 2 + (lane_x ^ rr) * 16);
         cp_async16(d, src, bytes);
         cp_async16(d + 512, src + 512, bytes);
         if (lane < 8) cp_async16(d + 1024, src + 1024, bytes);
@@ -502,7 +516,7 @@ __device__ __forceinline__ void attend_tile(const MlaDecodeTcArgs& a, int num_sp
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int ks = 0; ks < kKStepsPerWarp; ++ks)
-        ldmatrix_x4(qf[m][ks], q_s + (m * 16 + row) * kRowElems + (kq * kKStepsPerWarp + ks) * 16 + col_off);
+        ldmatrix_x4(qf[m][ks], q_s + (m * 16 + row) * kRowElems + (ks * kDimSplit + kq) * 16 + col_off);
   }
 
   float o[M][kNTilesPerWarp][4];
@@ -523,7 +537,7 @@ __device__ __forceinline__ void attend_tile(const MlaDecodeTcArgs& a, int num_sp
     __syncthreads();  // (A) unit visible; every warp is done with the previous unit's slot and with q_s
     load_unit((slot + kStages - 1) % kStages, unit + kStages - 1, next_row);  // unit - 1's stage, read before (A)
     next_row = resolve_next();  // unit + kStages
-    const uint16_t* kt = kv_s + size_t(slot) * kUnit * kRowElems;
+    const uint16_t* kt = kv_s + size_t(slot) * kUnit * kKvDim;
     const int j0 = unit * kUnit;
 
     // S partial over this warp's 144 dims and kKeysPerWarp keys: M x [16 heads x kKeysPerWarp], n8 tiles.
@@ -534,16 +548,17 @@ __device__ __forceinline__ void attend_tile(const MlaDecodeTcArgs& a, int num_sp
       for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int nt = 0; nt < kSN; ++nt) sacc[m][nt][0] = sacc[m][nt][1] = sacc[m][nt][2] = sacc[m][nt][3] = 0.0f;
-      const int mi = lane / 8, key_in = kh * kKeysPerWarp + (mi / 2) * 8 + lane % 8, dim_off = (mi % 2) * 8;
+      // This lane's ldmatrix row is a key = lane % 8 (mod 8); its chunk in line ks is 2 kq + mi % 2.
+      const int mi = lane / 8, key_in = kh * kKeysPerWarp + (mi / 2) * 8 + lane % 8;
+      const uint16_t* k_lane = kt + key_in * kKvDim + (((2 * kq + mi % 2) ^ (lane % 8)) * 8);
 #pragma unroll
       for (int ks = 0; ks < kKStepsPerWarp; ++ks) {
-        const int k0 = (kq * kKStepsPerWarp + ks) * 16;
 #pragma unroll
         for (int np = 0; np < kSN / 2; ++np) {
           // Matrices: (keys 16np..+7, dims k0..+7), (same keys, k0+8..), (keys 16np+8.., k0..), (.., k0+8..)
           // = b0, b1 of n-tile 2np and b0, b1 of n-tile 2np + 1.
           uint32_t b[4];
-          ldmatrix_x4(b, kt + (np * 16 + key_in) * kRowElems + k0 + dim_off);
+          ldmatrix_x4(b, k_lane + np * 16 * kKvDim + ks * 64);
 #pragma unroll
           for (int m = 0; m < M; ++m) {
             mma_bf16(sacc[m][2 * np], qf[m][ks], b[0], b[1]);
@@ -635,21 +650,22 @@ __device__ __forceinline__ void attend_tile(const MlaDecodeTcArgs& a, int num_sp
           }
         }
       }
-      const int mi = lane / 8;
+      // This lane's ldmatrix row is a key = lane % 8 (mod 8); its chunks are 8 warp + (mi / 2 + 2 np),
+      // swizzled: 8 warp + ((mi / 2) ^ (lane % 8) ^ 2 np) (mi / 2 and 2 np share no bit).
+      const int mi = lane / 8, v_chunk = (mi / 2) ^ (lane % 8);
 #pragma unroll
       for (int ks = 0; ks < kUnit / 16; ++ks) {
         uint32_t pa[M][4];
 #pragma unroll
         for (int m = 0; m < M; ++m)
           ldmatrix_x4(pa[m], p_s + (m * 16 + (mi % 2) * 8 + lane % 8) * kPStride + ks * 16 + (mi / 2) * 8);
-        const uint16_t* vrow =
-            kt + (ks * 16 + (mi % 2) * 8 + lane % 8) * kRowElems + warp * kColsPerWarp + (mi / 2) * 8;
+        const uint16_t* vrow = kt + (ks * 16 + (mi % 2) * 8 + lane % 8) * kKvDim + warp * kColsPerWarp;
 #pragma unroll
         for (int np = 0; np < kNTilesPerWarp / 2; ++np) {
           // .trans of (keys k0..+7, cols n0..+7), (keys k0+8.., n0..), (k0.., n0+8..), (k0+8.., n0+8..)
           // = b0, b1 of n-tile n0 and b0, b1 of n-tile n0 + 8.
           uint32_t b[4];
-          ldmatrix_x4_trans(b, vrow + np * 16);
+          ldmatrix_x4_trans(b, vrow + ((v_chunk ^ (2 * np)) * 8));
 #pragma unroll
           for (int m = 0; m < M; ++m) {
             mma_bf16(o[m][2 * np], pa[m], b[0], b[1]);
