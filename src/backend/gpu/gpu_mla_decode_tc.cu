@@ -331,6 +331,10 @@ __device__ void merge_in_cluster(const MlaDecodeTcArgs& a, int token, int head0,
 // (576 + 512). Shared-memory traffic per 64 keys at M = 1: cp.async writes 74 KB, K reads 74 KB,
 // V reads 66 KB, partial S 2 x 16 KB, P 16 KB: ~260 KB, ~1 us at 128 B/clk, against the 2.2 us in
 // which one SM's share of the copy bandwidth (batch 64 x 16 heads: 128 CTAs) brings those 74 KB.
+// That count holds only where every access is whole wavefronts: with padded ring rows the cp.async
+// fills alone took 4x theirs, and the shared-memory pipe (one wavefront per clock) then set the
+// kernel's pace with the cache in L2 at about the H200's per-SM copy rate (the swizzled ring above;
+// docs/performance.md, session 32).
 // Measured on the H200 (2026-12-01): the phases (S, softmax, P V) are separated by barriers and
 // their latencies add up, so the CTA's compute per unit, not the bytes in flight, sets the pace: a
 // ring of five 32-key stages at one CTA per SM ran at 56% of copy bandwidth against 61-69% for two
