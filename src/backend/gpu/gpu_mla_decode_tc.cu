@@ -559,8 +559,8 @@ __device__ __forceinline__ void attend_tile(const MlaDecodeTcArgs& a, int num_sp
       for (int ks = 0; ks < kKStepsPerWarp; ++ks) {
 #pragma unroll
         for (int np = 0; np < kSN / 2; ++np) {
-          // Matrices: (keys 16np..+7, dims k0..+7), (same keys, k0+8..), (keys 16np+8.., k0..), (.., k0+8..)
-          // = b0, b1 of n-tile 2np and b0, b1 of n-tile 2np + 1.
+          // Matrices, k0 = 16 (4 ks + kq): (keys 16np..+7, dims k0..+7), (same keys, k0+8..), (keys
+          // 16np+8.., k0..), (.., k0+8..) = b0, b1 of n-tile 2np and b0, b1 of n-tile 2np + 1.
           uint32_t b[4];
           ldmatrix_x4(b, k_lane + np * 16 * kKvDim + ks * 64);
 #pragma unroll
