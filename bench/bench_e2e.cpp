@@ -231,6 +231,13 @@ void bench_e2e(Report& report, const Ceilings& c, const BenchOptions& o) {
   };
   prefill_row(short_prompt, pf_short_ms);
   prefill_row(long_prompt, run.prefill(random_prompt(long_prompt)));
+  if (o.e2e_profile_prefill > 0) {
+    // One more prefill of that many tokens (at most the long prompt's, which the cache was sized
+    // for), alone inside the profiler range after every timing.
+    profiler_range(true);
+    run.prefill(random_prompt(std::min(o.e2e_profile_prefill, long_prompt)));
+    profiler_range(false);
+  }
   report.print("e2e");
 }
 

@@ -142,6 +142,7 @@ struct BenchOptions {
   std::string model_dir;                   // e2e: a make-model output
   int e2e_decode_tokens = 128;
   int e2e_profile_steps = 0;               // e2e: decode steps run inside profiler_range after the timing
+  int e2e_profile_prefill = 0;             // e2e: a prompt of this many tokens prefilled inside profiler_range last
   bool profile_calls = false;              // moe, gemm: each case once more inside profiler_range
   // moe: decode path variants timed in turn on each case (same process, same inputs), e.g.
   // "fused,2grid,fused,2grid"; each is "auto", "fused" or "2grid", optionally "+nosplit" (no gate/up

@@ -41,6 +41,10 @@ int main(int argc, char** argv) {
                  "e2e: after the timed run, decode this many more steps inside a profiler range (run under "
                  "`ncu --profile-from-start off` to see only decode kernels)")
       ->capture_default_str();
+  app.add_option("--profile-prefill", o.e2e_profile_prefill,
+                 "e2e: after everything else, prefill a prompt of this many tokens inside a profiler range (`ncu "
+                 "--profile-from-start off` then sees that prefill's kernels and nothing else)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--profile-calls", o.profile_calls,
                "moe, gemm: after timing each case, call it once more inside a profiler range (`ncu "
                "--profile-from-start off` then sees one call of each case and nothing else)");
