@@ -558,7 +558,11 @@ __device__ __forceinline__ void stage_block_scales(const float* const (&fp8_scal
 // instructions issued per cycle. Padding the rows would cost a third of the ring. Storing each
 // stage chunk-major (a 16 x 64 B box per chunk, rows 64 B apart) removes the conflict and was timed
 // on the H200 (session 28): the grid without copies got 3-7 points faster, the op 0.3-1.1 points
-// slower (twice the boxes per stage), so the layout stays.
+// slower (twice the boxes per stage), so the layout stays. One 3-D box per stage and matrix
+// ({16 four-byte elements, rows, chunks}, strides {pitch, 64 B}) writes that layout in a single copy
+// (the driver takes the 64-byte dim-2 stride): on an H100 (session 33) the grid without copies got
+// 4% faster, the grid without arithmetic 0.4-1.7% slower (the copy engine then walks 64-byte
+// rows), and the op lost 0.4-0.8 points on the whole card, 0.6-1.4 on the stand-in; not kept.
 // Chunks per stage (ring_chunks, RingGeom::kChunks), two geometries chosen by shape (ring_wide):
 // - wide (gate/up 4, down 8) where hidden % 512 == 0 and inter % 1024 == 0 (DeepSeek-V3, Kimi K2):
 //   2 stages of 9 KB per warp for either kind, boxes of 16 x 256 B (gate/up) and 16 x 512 B (down)
