@@ -55,7 +55,14 @@ constexpr int kBM = kMoeGroupedTcRows;  // sorted pairs per CTA
 constexpr int kBN = 128;                // B rows per CTA: 64 gate + 64 up, or 128 down
 constexpr int kBK = 32;                 // k per pipeline step (one INT4 group; a quarter FP8 block)
 constexpr int kLd = kBK + 8;            // smem row pitch in bf16: 80 B, ldmatrix rows conflict-free
-constexpr int kStages = 4;              // cp.async ring depth (3 steps of latency cover)
+// cp.async ring depth per format (kStages - 1 steps of latency cover). FP8 runs 2 CTAs per SM
+// (registers) and 8 stages (92 KB) still fit two: 1.1-1.4% faster than 4 at 1024 and 4096 tokens
+// on an H100 (session 33), so latency cover is not what bounds it. ncu (H100, session 33, FP8
+// gate/up) counts 4.7 M shared-memory wavefronts per SM in 5.3 M active cycles, 41% of them excess:
+// cp.async rows of 32 B (raw FP8) and 64 B (A, 80-byte pitch) each take 4x their ideal, and the
+// converted tile's 80-byte-pitch stores 2x; the top stall is the wait on shared loads (short
+// scoreboard, 28%). BF16 and INT4 fit 3 CTAs per SM at 4 stages.
+template <MoeFormat F> constexpr int kStagesOf = F == MoeFormat::FP8 ? 8 : 4;
 constexpr int kThreads = 128;           // 4 warps in 2 (m) x 2 (n); mma.sync warps are 32 lanes
 static_assert(kBM == 64 && kBN == 128 && kThreads == 128, "the loaders and warp tiles assume these");
 
@@ -102,6 +109,7 @@ template <bool kGateUp> __device__ __forceinline__ int64_t b_row(int64_t n0, int
 // double-buffered bf16 tile, so MMAs read one padded layout for every format.
 template <MoeFormat F> struct TcSmem {
   static constexpr bool kConv = F != MoeFormat::BF16;
+  static constexpr int kStages = kStagesOf<F>;
   static constexpr int kTileA = kBM * kLd * 2;  // one bf16 A stage
   static constexpr int kTileB = kBN * kLd * 2;  // one bf16 B tile
   static constexpr int kRaw = F == MoeFormat::FP8 ? kBN * kBK : kBN * kBK / 2;  // raw B bytes per stage
@@ -124,6 +132,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                           uint16_t* __restrict__ h_out, int64_t h_stride, float* __restrict__ y_out,
                           int64_t y_stride) {
   using Smem = TcSmem<F>;
+  constexpr int kStages = Smem::kStages;
   constexpr bool kFp8 = F == MoeFormat::FP8, kInt4 = F == MoeFormat::I4_BF16, kConv = Smem::kConv;
   constexpr int kNMat = kGateUp ? kBN / 2 : kBN;  // output columns per matrix
   const int tile = int(blockIdx.y);
@@ -371,7 +380,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 template <MoeFormat F> void launch_format(const MoeGroupedTcArgs& a, Stream stream) {
   // Column tiles vary fastest: the CTAs of one row tile run together and share its A rows in L2, and
   // an expert's 2-3 row tiles are a few dozen CTAs apart, so they share its weight slices too.
-  // Dynamic smem (BF16 60 KB, FP8 56 KB, INT4 49 KB) is above the 48 KB default: opt in. Two or
+  // Dynamic smem (BF16 60 KB, FP8 92 KB, INT4 49 KB) is above the 48 KB default: opt in. Two or
   // three CTAs per SM fit (ptxas: FP8 ~225 registers per thread -> 2, BF16 / INT4 ~145-160 -> 3).
   // Tiles arrive by cp.async.cg (L1 bypassed), so the largest shared carveout costs nothing.
   constexpr int kSmem = TcSmem<F>::kBytes;
