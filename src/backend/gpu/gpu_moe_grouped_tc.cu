@@ -3,7 +3,8 @@
 // bf16 (rounded once), weights become exact bf16 in padded smem (BF16 as stored; FP8 e4m3 bits ->
 // bf16 x 2^-120, x 2^120 in a bf16x2 FMA; INT4 bf16(q s) = weight_at's value) and the FP8 128x128
 // block scale is applied in fp32 to each 128-k partial sum ("promotion"). Tiles arrive through a
-// 4-deep cp.async ring (INT4 scales: a plain load a step ahead); conversion costs issue slots only.
+// cp.async ring 4 deep (FP8: 8; INT4 scales: a plain load a step ahead); conversion costs issue
+// slots only.
 #include "backend/gpu/gpu_moe_grouped_tc.h"
 
 #include <algorithm>
@@ -49,8 +50,9 @@ using moe::Plan;
 // 12 ldmatrix, 2 cp.async for A; B staging per thread: BF16 4 cp.async, FP8 2 cp.async + 32
 // elements x ~2.5 instructions (prmt, 2 shifts, lop3, bf16x2 FMA per pair), INT4 1 cp.async + 32 x
 // ~2.3. FP8 is the tightest (~110 issue slots per 128 tensor cycles): expect ~50% of mma.sync peak,
-// ~300 TFLOP/s. Latency: a step is ~256 cycles with 2 CTAs per SM; loads are issued 3 steps (FP8 /
-// INT4: converted 2 steps) ahead, ~500-750 cycles, about an L2-miss round trip under load.
+// ~300 TFLOP/s. Latency: a step is ~256 cycles with 2 CTAs per SM; loads are issued kStages - 1
+// steps ahead (FP8 / INT4: converted one step ahead). Measured (session 33): ~12-17% of the GEMM
+// rate, bound by shared-memory wavefronts (kStagesOf's comment), not by this budget.
 constexpr int kBM = kMoeGroupedTcRows;  // sorted pairs per CTA
 constexpr int kBN = 128;                // B rows per CTA: 64 gate + 64 up, or 128 down
 constexpr int kBK = 32;                 // k per pipeline step (one INT4 group; a quarter FP8 block)
