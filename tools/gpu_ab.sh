@@ -85,7 +85,7 @@ for _, key in sorted(keys, key=lambda k: k[0]):
     delta = ""
     if a and b:
         d = statistics.median(x for x, _ in b) - statistics.median(x for x, _ in a)
-        pct = table[key]["A"][0][1].endswith("%")
+        pct = a[0][1].endswith("%")
         delta = f"{d:+.1f} points" if pct else f"{d:+.4g}"
     print(f"| {key} | {' / '.join(p for _, p in a) or '-'} | {' / '.join(p for _, p in b) or '-'} | {delta} |")
 PY
