@@ -79,9 +79,10 @@ void make_paged_batch(PagedBatch& p, ops::Backend& be, int seqs, int ctx, int q_
 
 // Times backend.mla_attention_absorbed over `pb` (`tokens` query rows, DeepSeek dims with `heads`
 // heads) on fresh random q (seed `seed`); `warm_runs` more untimed runs of the whole plan first. Each
-// timed rep makes `calls_per_rep` back-to-back calls (the caller divides).
+// timed rep makes `calls_per_rep` back-to-back calls (the caller divides). profile_call: one more
+// call after the timing, inside a profiler range (--profile-calls).
 Timing time_absorbed(ops::Backend& be, gpu::Stream s, const PagedBatch& pb, int tokens, int heads, uint64_t seed,
-                     const TimingPlan& plan, int warm_runs = 0, int calls_per_rep = 1) {
+                     const TimingPlan& plan, int warm_runs = 0, int calls_per_rep = 1, bool profile_call = false) {
   const ops::MlaDims dims = dsv3_dims(heads);
   DevTensor q = dev_tensor(be, DType::F32, {tokens, heads, kKvDim});
   DevTensor out = dev_tensor(be, DType::F32, {tokens, heads, kRank});
@@ -90,7 +91,15 @@ Timing time_absorbed(ops::Backend& be, gpu::Stream s, const PagedBatch& pb, int 
     for (int i = 0; i < calls_per_rep; ++i) be.mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view);
   };
   for (int i = 0; i < warm_runs; ++i) time_on_stream(s, plan, call);
-  return time_on_stream(s, plan, call);
+  const Timing t = time_on_stream(s, plan, call);
+  if (profile_call) {
+    be.synchronize();
+    profiler_range(true);
+    be.mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view);
+    be.synchronize();
+    profiler_range(false);
+  }
+  return t;
 }
 
 }  // namespace
@@ -143,7 +152,8 @@ void bench_mla_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
     gpu::set_mla_decode_merge(*be, merge);
     // The first case once more, unreported, before its timed run: its first run after the ceilings
     // read 56-71% in four processes on the same build (2026-12-01) while later rows moved by ~1%.
-    const Timing t = time_absorbed(*be, s, pb, seqs, heads, 100 + uint64_t(heads), plan, first_case ? 1 : 0);
+    const Timing t =
+        time_absorbed(*be, s, pb, seqs, heads, 100 + uint64_t(heads), plan, first_case ? 1 : 0, 1, o.profile_calls);
     first_case = false;
     const double sec = t.median_ms * 1e-3;
     const double gbps = cache_bytes / sec / 1e9;
