@@ -201,7 +201,8 @@ bool wgmma_available() { return gpu::mla_decode_sm90a_supported(64, 512, 64); }
 // 64 and 128 heads (1 and 2 head tiles per token), batch 1 (the most splits: partials + combine) and
 // 7 (one wave: mostly direct writes), contexts on both sides of the 64-key tile edge, a long one
 // with one key past a tile, spec-verify rows (q_len 3 at kv_len 130: rows of 3 tiles, the last one
-// partly masked per row), shuffled block tables of 16- and 64-position blocks, strided q/out views.
+// partly masked per row), shuffled block tables of 16- and 64-position blocks, strided q/out views;
+// 192 and 256 heads (3 and 4 head tiles per token) on a few of those shapes.
 void wgmma_cases(std::mt19937& rng, gpu::MlaDecodeKernel wg) {
   for (int heads : {64, 128}) {
     for (int ctx : {1, 63, 64, 65, 1100, 4097}) tc_case(rng, heads, {{1, ctx}}, 64, false, -1, wg);
@@ -212,6 +213,10 @@ void wgmma_cases(std::mt19937& rng, gpu::MlaDecodeKernel wg) {
     tc_case(rng, heads, {{3, 130}, {1, 4097}, {2, 65}, {0, 9}, {1, 1}}, 64, true, -1, wg);
     // Unaligned q and out rows: the scalar q staging loop and output stores.
     tc_case(rng, heads, {{1, 1100}, {3, 65}}, 64, true, 3, wg);
+  }
+  for (int heads : {192, 256}) {
+    tc_case(rng, heads, {{1, 4097}}, 64, false, -1, wg);
+    tc_case(rng, heads, {{3, 130}, {1, 1100}, {2, 65}, {0, 9}, {1, 1}}, 16, true, -1, wg);
   }
   // Batch 64 x 128 heads: one split, direct writes (the benchmark's shape, shorter contexts).
   std::vector<SeqSpec> wide;
