@@ -46,8 +46,8 @@ int main(int argc, char** argv) {
                  "--profile-from-start off` then sees that prefill's kernels and nothing else)")
       ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--profile-calls", o.profile_calls,
-               "moe, gemm, mla-decode (its main rows): after timing each case, call it once more inside a profiler range (`ncu "
-               "--profile-from-start off` then sees one call of each case and nothing else)");
+               "moe, gemm, mla-decode (its main rows): after timing each case, call it once more inside a "
+               "profiler range (`ncu --profile-from-start off` then sees one call of each case and nothing else)");
   bool moe_ab = false;
   app.add_flag("--moe-ab", moe_ab,
                "moe: time each case twice on the fused persistent grid and twice on the two-grid path, "
