@@ -33,6 +33,9 @@ void spin(gpu::Stream stream, double microseconds);
 // Starts / stops the profiler's collection range (cudaProfilerStart / Stop): a profiler started with
 // collection off (`ncu --profile-from-start off`) then records only the kernels in between.
 void profiler_range(bool start);
+// Runs `call` once inside a profiler range, the backend's queue drained before and after, so the
+// range holds that call's kernels and nothing else (--profile-calls).
+void profile_once(ops::Backend& backend, const std::function<void()>& call);
 // The current device as the reports name it: "NAME, N SMs" (N as this process sees it: an MPS
 // client held to a share of the SMs sees that share; tools/gpu_standin.sh).
 std::string device_description();

@@ -102,6 +102,14 @@ DevTensor dev_from_host(ops::Backend& backend, const std::vector<int32_t>& value
   return t;
 }
 
+void profile_once(ops::Backend& backend, const std::function<void()>& call) {
+  backend.synchronize();
+  profiler_range(true);
+  call();
+  backend.synchronize();
+  profiler_range(false);
+}
+
 Timing time_on_stream(gpu::Stream stream, const TimingPlan& plan, const std::function<void(int rep)>& fn) {
   using Clock = std::chrono::steady_clock;
   // Warm-up; the last call, synchronized on both sides, estimates the per-call time.

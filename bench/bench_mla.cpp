@@ -92,13 +92,8 @@ Timing time_absorbed(ops::Backend& be, gpu::Stream s, const PagedBatch& pb, int 
   };
   for (int i = 0; i < warm_runs; ++i) time_on_stream(s, plan, call);
   const Timing t = time_on_stream(s, plan, call);
-  if (profile_call) {
-    be.synchronize();
-    profiler_range(true);
-    be.mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view);
-    be.synchronize();
-    profiler_range(false);
-  }
+  if (profile_call)
+    profile_once(be, [&] { be.mla_attention_absorbed(q.view, pb.cache.view, pb.batch, dims, out.view); });
   return t;
 }
 

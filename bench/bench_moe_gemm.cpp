@@ -147,13 +147,8 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
         gpu::set_moe_tc_k_split(*be, v.k_split);
         gpu::set_moe_tc_ring(*be, v.ring);
         const Measured m = measure(1);
-        if (o.profile_calls) {
-          be->synchronize();
-          profiler_range(true);
-          be->moe_experts(x.view, ids[0].view, weights[0].view, experts, out.view);
-          be->synchronize();
-          profiler_range(false);
-        }
+        if (o.profile_calls)
+          profile_once(*be, [&] { be->moe_experts(x.view, ids[0].view, weights[0].view, experts, out.view); });
         const double mean_unique = std::accumulate(unique.begin(), unique.end(), 0.0) / sets;
         const std::string tag = v.name.empty() ? "" : fmt::format(" [{}]", v.name);
         report.add({"moe_decode",
@@ -505,13 +500,7 @@ void bench_gemm(Report& report, const Ceilings& c, const BenchOptions& o) {
     plan.max_reps = o.quick ? 5 : 100;
     plan.budget_ms = o.quick ? 100 : 800;
     const Timing tm = time_on_stream(s, plan, [&](int) { be.linear(x.view, w, out.view); });
-    if (o.profile_calls) {
-      be.synchronize();
-      profiler_range(true);
-      be.linear(x.view, w, out.view);
-      be.synchronize();
-      profiler_range(false);
-    }
+    if (o.profile_calls) profile_once(be, [&] { be.linear(x.view, w, out.view); });
     const double flops = 2.0 * t_rows * double(w.in_features) * double(w.out_features);
     report.add({"gemm", name, tm.median_ms, flops / (tm.median_ms * 1e-3) / 1e12, "TFLOP/s", c.bf16_tflops,
                 "bf16 GEMM", target, note, key});
