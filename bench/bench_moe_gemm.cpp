@@ -16,6 +16,7 @@
 
 #include "backend/gpu/gpu_linear.h"
 #include "backend/gpu/gpu_moe.h"
+#include "backend/gpu/gpu_moe_grouped_sm90a.h"
 #include "bench_gpu.h"
 #include "core/status.h"
 
@@ -272,18 +273,27 @@ void bench_moe_prefill(Report& report, const Ceilings& c, const BenchOptions& o)
       plan.min_reps = o.quick ? 3 : 5;
       plan.max_reps = o.quick ? 5 : 50;
       plan.budget_ms = o.quick ? 100 : 1000;
-      const Timing tm = time_on_stream(s, plan, [&](int) {
-        be->moe_experts(x.view, ids.view, weights.view, experts, out.view);
-      });
-      const double flops = 2.0 * k.tokens * top_k * 3.0 * double(hidden) * double(inter);
-      report.add({"moe_prefill",
-                  fmt::format("{} experts FP8 top-{}, {} tokens, 7168x2048, GemmPrecision::{}", num_experts, top_k,
-                              k.tokens, bf16 ? "Bf16" : "Fp32"),
-                  tm.median_ms, flops / (tm.median_ms * 1e-3) / 1e12, "TFLOP/s", c.bf16_tflops, "bf16 GEMM",
-                  bf16 && k.tokens >= 4096 ? 0.38 : 0,
-                  fmt::format("{:.0f} pairs/expert avg; plan + prep + combine included",
-                              double(k.tokens) * top_k / num_experts),
-                  fmt::format("fp8 t{} {}", k.tokens, bf16 ? "bf16" : "fp32")});
+      // Bf16 on a wgmma device: Auto (the wgmma kernel) and the portable mma.sync kernel, same inputs.
+      std::vector<gpu::MoeGroupedPath> paths = {gpu::MoeGroupedPath::Auto};
+      if (k.bf16 && gpu::moe_grouped_sm90a_supported()) paths.push_back(gpu::MoeGroupedPath::MmaSync);
+      for (const gpu::MoeGroupedPath path : paths) {
+        gpu::set_moe_grouped_path(path);
+        const Timing tm = time_on_stream(s, plan, [&](int) {
+          be->moe_experts(x.view, ids.view, weights.view, experts, out.view);
+        });
+        gpu::set_moe_grouped_path(gpu::MoeGroupedPath::Auto);
+        const bool forced = path == gpu::MoeGroupedPath::MmaSync;
+        const char* kernel = !k.bf16 ? "fp32 grouped" : forced || !gpu::moe_grouped_sm90a_supported() ? "mma.sync" : "wgmma";
+        const double flops = 2.0 * k.tokens * top_k * 3.0 * double(hidden) * double(inter);
+        report.add({"moe_prefill",
+                    fmt::format("{} experts FP8 top-{}, {} tokens, 7168x2048, GemmPrecision::{} [{}]", num_experts,
+                                top_k, k.tokens, bf16 ? "Bf16" : "Fp32", kernel),
+                    tm.median_ms, flops / (tm.median_ms * 1e-3) / 1e12, "TFLOP/s", c.bf16_tflops, "bf16 GEMM",
+                    bf16 && k.tokens >= 4096 && !forced ? 0.38 : 0,
+                    fmt::format("{:.0f} pairs/expert avg; plan + prep + combine included",
+                                double(k.tokens) * top_k / num_experts),
+                    fmt::format("fp8 t{} {}{}", k.tokens, bf16 ? "bf16" : "fp32", forced ? " mma.sync" : "")});
+      }
     }
   }
   report.print("moe_prefill");

@@ -14,6 +14,7 @@
 
 #include "backend/gpu/gpu_device.cuh"
 #include "backend/gpu/gpu_mma.cuh"
+#include "backend/gpu/gpu_wgmma.cuh"
 #include "core/status.h"
 
 namespace mla::gpu {
@@ -116,9 +117,7 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint
   return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
          (uint64_t(1) << 62);
 }
-// Start-address advance by `bytes` (a multiple of 16): the field is the low 14 bits and shared
-// addresses stay below 2^18 B, so the addition never carries out of it.
-__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + uint64_t(bytes >> 4); }
+using wgmma::desc_add;
 
 // ---- wgmma PTX wrappers (local to this file) ---------------------------------------------------------
 // Accumulator fragment of m64nNk16 f32 (per warpgroup; w = warp % 4, g = lane / 4, t = lane % 4):
@@ -182,12 +181,7 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TRANS_B));
 }
 
-// After the wait: tie every accumulator register to this point, so that no read of it is scheduled
-// between the asynchronous wgmma and its wait.
-template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
+using wgmma::fence_regs;  // after a wait: accumulators tied to that point
 // Query row `token`'s sequence and causal limit (keys < limit are visible): the same derivation as
 // gpu_mla_decode_tc.cu's token_range (count of q_indptr[s] <= token over s < num_seqs, minus one).
 // Call with the whole warp converged.

@@ -13,6 +13,7 @@
 #if MLA_GPU_CUDA
 #include "backend/gpu/gpu_mma.cuh"
 #include "backend/gpu/gpu_tensor_map.cuh"  // tensor_map_encoder, CUtensorMap
+#include "backend/gpu/gpu_wgmma.cuh"
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "gpu_mla_naive_sm90a.cu must be compiled for sm_90a only (src/backend/gpu/CMakeLists.txt)"
 #endif
@@ -153,32 +154,8 @@ constexpr uint32_t kBarQ = 3;
 __device__ __forceinline__ void pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 __device__ __forceinline__ void pin(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
 
-// D[64 x 128] (+)= A[64 x 16] B[16 x 128], A and B from shared memory, both K-major; accumulate = 0
-// ignores D's input (first k-step).
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, "
-      "%8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, "
-      "%24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, "
-      "%40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63"
-      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      :
-        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
+// D[64 x 128] (+)= A[64 x 16] B[16 x 128], A and B from shared memory, both K-major (gpu_wgmma.cuh).
+using wgmma::mma_m64n128k16_ss;
 // D[64 x 128] += A[64 x 16] B[16 x 128], A from registers (bf16x2), B from shared memory MN-major
 // (imm-trans-b = 1).
 __device__ __forceinline__ void wgmma_rs_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b) {
@@ -361,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kDqk / 16; ++ks)
-      wgmma_ss(s, desc_add(dq, ks * 256),
+      mma_m64n128k16_ss(s, desc_add(dq, ks * 256),
                make_desc_sw128(k_tile + uint32_t(ks / 4) * kBoxBytes + uint32_t(ks % 4) * 32, 16, kSwRowGroup), ks > 0);
     wgmma_commit();
     named_barrier_arrive_if<kMathThreads>(hand_over, 2 - uint32_t(wg));

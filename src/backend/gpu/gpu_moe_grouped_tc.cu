@@ -16,6 +16,8 @@
 #if MLA_GPU_CUDA
 #include "backend/gpu/gpu_decode_tc.cuh"
 #include "backend/gpu/gpu_mma.cuh"
+#include "backend/gpu/gpu_moe_grouped.cuh"
+#include "backend/gpu/gpu_moe_grouped_sm90a.h"
 #endif
 
 namespace mla::gpu {
@@ -69,25 +71,11 @@ constexpr int kThreads = 128;           // 4 warps in 2 (m) x 2 (n); mma.sync wa
 static_assert(kBM == 64 && kBN == 128 && kThreads == 128, "the loaders and warp tiles assume these");
 
 using mma::cp_async_wait;
-using mma::fma_bf16x2;
-
-// Bytes 0, 1 (lo) or 2, 3 (hi) of `w` (e4m3 codes) as an exact bf16x2. The bits placed as
-// (b & 0x80) << 8 | (b & 0x7f) << 4 are the bf16 fp8(b) x 2^-120 (fp8 subnormals become bf16
-// subnormals, exactly); the FMA by 2^120 (0x7b80) with -0 addend rounds nothing (the product is
-// representable). The NaN codes 0x7f / 0xff decode to +-480 here (weight_at: NaN): never in a
-// checkpoint, as no finite scale makes them.
-__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t w, bool hi) {
-  const uint32_t t = __byte_perm(w, 0u, hi ? 0x4342u : 0x4140u);  // b | b' << 16
-  const uint32_t x = ((t << 8) & 0x80008000u) | ((t << 4) & 0x07f007f0u);
-  return fma_bf16x2(x, 0x7b807b80u, 0x80008000u);
-}
+using moe_grouped::b_row;
+using moe_grouped::pack_bf16x2;
 
 // INT4 nibble pairs as exact bf16(q s) (weight_at's value): the decode kernels' conversion.
 using decode_tc::int4x2_to_bf16x2;
-
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return uint32_t(f32_to_bf16_bits(lo)) | (uint32_t(f32_to_bf16_bits(hi)) << 16);
-}
 
 // x rows -> bf16 rows [tokens, hidden] (round to nearest even). Bytes: 6 per element; ~us.
 __global__ void moe_grouped_tc_prep_kernel(const float* __restrict__ x, int64_t x_stride, int64_t tokens,
@@ -98,12 +86,6 @@ __global__ void moe_grouped_tc_prep_kernel(const float* __restrict__ x, int64_t 
     const float* r = x + t * x_stride + c;
     out[i] = pack_bf16x2(r[0], r[1]);
   }
-}
-
-// B row r (0..127) of the CTA's tile: gate/up rows 0..63 are gate rows n0 + r, 64..127 up rows
-// n0 + r - 64; down rows are n0 + r.
-template <bool kGateUp> __device__ __forceinline__ int64_t b_row(int64_t n0, int r) {
-  return kGateUp ? n0 + (r & 63) : n0 + r;
 }
 
 // Dynamic shared memory of one CTA, in bytes. Every global load is a cp.async into a kStages ring
@@ -244,14 +226,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int r = tid / 2 + 64 * i, h = tid % 2;
         const uint4 v = *reinterpret_cast<const uint4*>(raw + r * 32 + h * 16);
         uint4 lo, hi;  // elements 0-7, 8-15 of the 16
-        lo.x = fp8x2_to_bf16x2(v.x, false);
-        lo.y = fp8x2_to_bf16x2(v.x, true);
-        lo.z = fp8x2_to_bf16x2(v.y, false);
-        lo.w = fp8x2_to_bf16x2(v.y, true);
-        hi.x = fp8x2_to_bf16x2(v.z, false);
-        hi.y = fp8x2_to_bf16x2(v.z, true);
-        hi.z = fp8x2_to_bf16x2(v.w, false);
-        hi.w = fp8x2_to_bf16x2(v.w, true);
+        moe_grouped::fp8x16_to_bf16(v, lo, hi);
         *reinterpret_cast<uint4*>(bs + r * kLd + h * 16) = lo;
         *reinterpret_cast<uint4*>(bs + r * kLd + h * 16 + 8) = hi;
       }
@@ -364,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           if (col >= rows) continue;  // rows % 32 == 0: col and col + 1 are both in or both out
           const float g0 = acc[mi][j][2 * half], g1 = acc[mi][j][2 * half + 1];
           const float u0 = acc[mi][j + 4][2 * half], u1 = acc[mi][j + 4][2 * half + 1];
-          const float h0 = g0 / (1.0f + expf(-g0)) * u0, h1 = g1 / (1.0f + expf(-g1)) * u1;
+          const float h0 = moe_grouped::silu_mul(g0, u0), h1 = moe_grouped::silu_mul(g1, u1);
           *reinterpret_cast<uint32_t*>(h_out + int64_t(p) * h_stride + col) = pack_bf16x2(h0, h1);
         }
       } else {
@@ -417,6 +392,12 @@ void moe_grouped_tc_launch(MoeFormat format, const MoeGroupedTcArgs& a, Stream s
   moe_grouped_tc_prep_kernel<<<blocks, 256, 0, stream>>>(a.x, a.x_stride, a.tokens, a.hidden,
                                                          reinterpret_cast<uint32_t*>(a.x16));
   MLA_GPU_LAUNCH_CHECK();
+  // FP8 on Hopper: the wgmma kernel (same tiles and values; a forced Wgmma where unsupported fails
+  // in moe_grouped_sm90a_fp8's check).
+  const MoeGroupedPath path = moe_grouped_path();
+  if (format == MoeFormat::FP8 && path != MoeGroupedPath::MmaSync &&
+      (path == MoeGroupedPath::Wgmma || moe_grouped_sm90a_supported()))
+    return moe_grouped_sm90a_fp8(a, stream);
   switch (format) {
     case MoeFormat::BF16: return launch_format<MoeFormat::BF16>(a, stream);
     case MoeFormat::FP8: return launch_format<MoeFormat::FP8>(a, stream);

@@ -1,0 +1,53 @@
+// Device pieces shared by the two tensor-core grouped MoE kernels (gpu_moe_grouped_tc.cu: mma.sync,
+// every format; gpu_moe_grouped_sm90a.cu: wgmma, FP8): the exact FP8 -> bf16 conversion, bf16 packing
+// and the CTA's weight-row map. Both kernels compute the same values (gpu_moe_grouped_tc.h).
+#pragma once
+
+#include <cstdint>
+
+#include "backend/gpu/gpu_device.cuh"
+
+#if MLA_GPU_CUDA
+#include "backend/gpu/gpu_mma.cuh"
+
+namespace mla::gpu::moe_grouped {
+
+// Bytes 0, 1 (lo) or 2, 3 (hi) of `w` (e4m3 codes) as an exact bf16x2. The bits placed as
+// (b & 0x80) << 8 | (b & 0x7f) << 4 are the bf16 fp8(b) x 2^-120 (fp8 subnormals become bf16
+// subnormals, exactly); the FMA by 2^120 (0x7b80) with -0 addend rounds nothing (the product is
+// representable). The NaN codes 0x7f / 0xff decode to +-480 here (weight_at: NaN): never in a
+// checkpoint, as no finite scale makes them.
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t w, bool hi) {
+  const uint32_t t = __byte_perm(w, 0u, hi ? 0x4342u : 0x4140u);  // b | b' << 16
+  const uint32_t x = ((t << 8) & 0x80008000u) | ((t << 4) & 0x07f007f0u);
+  return mma::fma_bf16x2(x, 0x7b807b80u, 0x80008000u);
+}
+
+// 16 e4m3 codes (one 16-byte chunk) as two chunks of 8 exact bf16: elements 0-7 and 8-15.
+__device__ __forceinline__ void fp8x16_to_bf16(const uint4& v, uint4& lo, uint4& hi) {
+  lo.x = fp8x2_to_bf16x2(v.x, false);
+  lo.y = fp8x2_to_bf16x2(v.x, true);
+  lo.z = fp8x2_to_bf16x2(v.y, false);
+  lo.w = fp8x2_to_bf16x2(v.y, true);
+  hi.x = fp8x2_to_bf16x2(v.z, false);
+  hi.y = fp8x2_to_bf16x2(v.z, true);
+  hi.z = fp8x2_to_bf16x2(v.w, false);
+  hi.w = fp8x2_to_bf16x2(v.w, true);
+}
+
+// Two floats as bf16x2 (round to nearest even), `lo` in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return uint32_t(f32_to_bf16_bits(lo)) | (uint32_t(f32_to_bf16_bits(hi)) << 16);
+}
+
+// Weight row of B row r (0..127) of a CTA whose output columns start at n0: gate/up rows 0..63 are
+// gate rows n0 + r, 64..127 up rows n0 + r - 64; down rows are n0 + r.
+template <bool kGateUp> __device__ __forceinline__ int64_t b_row(int64_t n0, int r) {
+  return kGateUp ? n0 + (r & 63) : n0 + r;
+}
+
+// silu(g) u, the gate/up epilogue (the CPU reference's formula).
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+}  // namespace mla::gpu::moe_grouped
+#endif  // MLA_GPU_CUDA
