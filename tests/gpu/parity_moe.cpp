@@ -813,17 +813,18 @@ TEST(GpuParityMoe, TensorCoreGroupedBf16DeepSeekShape) {
   }
 }
 
-// FP8 experts on each grouped kernel: mma.sync everywhere, wgmma (gpu_moe_grouped_sm90a.h; what Auto
-// takes there) where the device is compute capability 9.0, else it is skipped and says so. Shapes as
-// above: partial column tiles and scale blocks (H 320, I 576), a half-live last 64-k step (H 160,
-// I 32: one 32-k step of down), crowded segments (T 333 top-2 over 3 experts: 4 row tiles, the last
-// partial), and the DeepSeek-V3 expert (K 7168 = 112 steps of 64).
+// Each grouped tensor-core kernel on every format it takes: mma.sync everywhere, wgmma
+// (gpu_moe_grouped_sm90a.h; what Auto takes there) where the device is compute capability 9.0, else
+// it is skipped and says so. Shapes as above: partial column tiles and FP8 scale blocks (H 320,
+// I 576), a half-live last 64-k step (H 160, I 32: one 32-k step of down; INT4 H 224: 3.5 steps),
+// crowded segments (T 333 top-2 over 3 experts: 4 row tiles, the last partial), and the DeepSeek-V3
+// expert (K 7168 = 112 steps of 64).
 struct GroupedPathGuard {
   explicit GroupedPathGuard(gpu::MoeGroupedPath p) { gpu::set_moe_grouped_path(p); }
   ~GroupedPathGuard() { gpu::set_moe_grouped_path(gpu::MoeGroupedPath::Auto); }
 };
 
-TEST(GpuParityMoe, TensorCoreGroupedFp8EachPath) {
+TEST(GpuParityMoe, TensorCoreGroupedEachPath) {
   std::unique_ptr<ops::Backend> be = make_bf16_backend();
   ASSERT_TRUE(be);
   for (gpu::MoeGroupedPath path : {gpu::MoeGroupedPath::MmaSync, gpu::MoeGroupedPath::Wgmma}) {
@@ -836,20 +837,26 @@ TEST(GpuParityMoe, TensorCoreGroupedFp8EachPath) {
     const char* tag = wgmma ? " [bf16 grouped wgmma]" : " [bf16 grouped mma.sync]";
     uint32_t seed = 7900;
     struct Case {
+      WeightKind kind;
       int64_t experts, hidden, inter;
       int top_k;
       std::vector<int64_t> tokens;
     };
-    const Case cases[] = {{12, 320, 576, 4, {17, 64, 333}},
-                          {12, 160, 32, 4, {17, 333}},
-                          {3, 256, 128, 2, {333}},
-                          {5, 7168, 2048, 2, {64}}};
+    const Case cases[] = {{WeightKind::FP8, 12, 320, 576, 4, {17, 64, 333}},
+                          {WeightKind::FP8, 12, 160, 32, 4, {17, 333}},
+                          {WeightKind::FP8, 3, 256, 128, 2, {333}},
+                          {WeightKind::FP8, 5, 7168, 2048, 2, {64}},
+                          {WeightKind::BF16, 12, 224, 96, 4, {17, 333}},
+                          {WeightKind::BF16, 3, 256, 128, 2, {333}},
+                          {WeightKind::INT4_BF16, 12, 224, 160, 4, {17, 333}},
+                          {WeightKind::INT4_BF16, 3, 256, 128, 2, {333}},
+                          {WeightKind::INT4_BF16, 5, 7168, 2048, 2, {64}}};
     for (const Case& c : cases) {
       std::mt19937 rng(seed++);
-      const auto set = make_experts(rng, WeightKind::FP8, c.experts, c.hidden, c.inter, c.experts > 3 ? 3 : 0);
+      const auto set = make_experts(rng, c.kind, c.experts, c.hidden, c.inter, c.experts > 3 ? 3 : 0);
       for (int64_t t : c.tokens)
-        check_experts_on(*be, *set, WeightKind::FP8, gpu::MoePath::Grouped, t, c.top_k, t == 17, seed++,
-                         grouped_tc_tol(), tag);
+        check_experts_on(*be, *set, c.kind, gpu::MoePath::Grouped, t, c.top_k, t == 17, seed++, grouped_tc_tol(),
+                         tag);
     }
   }
 }

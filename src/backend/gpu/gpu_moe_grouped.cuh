@@ -1,6 +1,6 @@
-// Device pieces shared by the two tensor-core grouped MoE kernels (gpu_moe_grouped_tc.cu: mma.sync,
-// every format; gpu_moe_grouped_sm90a.cu: wgmma, FP8): the exact FP8 -> bf16 conversion, bf16 packing
-// and the CTA's weight-row map. Both kernels compute the same values (gpu_moe_grouped_tc.h).
+// Device pieces shared by the two tensor-core grouped MoE kernels (gpu_moe_grouped_tc.cu: mma.sync;
+// gpu_moe_grouped_sm90a.cu: wgmma): the exact FP8 / INT4 -> bf16 conversions, bf16 packing, the
+// CTA's weight-row map and the gate/up epilogue. Both kernels compute the same values (gpu_moe_grouped_tc.h).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include "backend/gpu/gpu_device.cuh"
 
 #if MLA_GPU_CUDA
+#include "backend/gpu/gpu_decode_tc.cuh"
 #include "backend/gpu/gpu_mma.cuh"
 
 namespace mla::gpu::moe_grouped {
@@ -33,6 +34,20 @@ __device__ __forceinline__ void fp8x16_to_bf16(const uint4& v, uint4& lo, uint4&
   hi.y = fp8x2_to_bf16x2(v.z, true);
   hi.z = fp8x2_to_bf16x2(v.w, false);
   hi.w = fp8x2_to_bf16x2(v.w, true);
+}
+
+// 8 INT4 nibbles (one word: elements 0-7 of its 8-k run) as one chunk of 8 exact bf16(q s), s2 =
+// (s, s) the group's bf16 scale twice (decode_tc::int4x2_to_bf16x2 yields the pairs (e_j, e_j+4)).
+__device__ __forceinline__ uint4 int4x8_to_bf16(uint32_t word, uint32_t s2) {
+  uint32_t p[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) p[j] = decode_tc::int4x2_to_bf16x2(word, j, s2);
+  uint4 o;
+  o.x = __byte_perm(p[0], p[1], 0x5410u);  // (e0, e1)
+  o.y = __byte_perm(p[2], p[3], 0x5410u);  // (e2, e3)
+  o.z = __byte_perm(p[0], p[1], 0x7632u);  // (e4, e5)
+  o.w = __byte_perm(p[2], p[3], 0x7632u);  // (e6, e7)
+  return o;
 }
 
 // Two floats as bf16x2 (round to nearest even), `lo` in the low half.

@@ -74,9 +74,6 @@ using mma::cp_async_wait;
 using moe_grouped::b_row;
 using moe_grouped::pack_bf16x2;
 
-// INT4 nibble pairs as exact bf16(q s) (weight_at's value): the decode kernels' conversion.
-using decode_tc::int4x2_to_bf16x2;
-
 // x rows -> bf16 rows [tokens, hidden] (round to nearest even). Bytes: 6 per element; ~us.
 __global__ void moe_grouped_tc_prep_kernel(const float* __restrict__ x, int64_t x_stride, int64_t tokens,
                                            int64_t hidden, uint32_t* __restrict__ out) {
@@ -235,17 +232,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       const uint32_t s2 = scale_next | (scale_next << 16);
       const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {  // word c = elements 8c .. 8c + 7
-        uint32_t p[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) p[j] = int4x2_to_bf16x2(words[c], j, s2);  // (e_j, e_{j+4})
-        uint4 o;
-        o.x = __byte_perm(p[0], p[1], 0x5410u);  // (e0, e1)
-        o.y = __byte_perm(p[2], p[3], 0x5410u);  // (e2, e3)
-        o.z = __byte_perm(p[0], p[1], 0x7632u);  // (e4, e5)
-        o.w = __byte_perm(p[2], p[3], 0x7632u);  // (e6, e7)
-        *reinterpret_cast<uint4*>(bs + tid * kLd + 8 * c) = o;
-      }
+      for (int c = 0; c < 4; ++c)  // word c = elements 8c .. 8c + 7
+        *reinterpret_cast<uint4*>(bs + tid * kLd + 8 * c) = moe_grouped::int4x8_to_bf16(words[c], s2);
     }
   };
 
@@ -392,12 +380,11 @@ void moe_grouped_tc_launch(MoeFormat format, const MoeGroupedTcArgs& a, Stream s
   moe_grouped_tc_prep_kernel<<<blocks, 256, 0, stream>>>(a.x, a.x_stride, a.tokens, a.hidden,
                                                          reinterpret_cast<uint32_t*>(a.x16));
   MLA_GPU_LAUNCH_CHECK();
-  // FP8 on Hopper: the wgmma kernel (same tiles and values; a forced Wgmma where unsupported fails
-  // in moe_grouped_sm90a_fp8's check).
+  // Hopper: the wgmma kernel (same tiles and values; a forced Wgmma where unsupported fails in
+  // moe_grouped_sm90a_launch's check).
   const MoeGroupedPath path = moe_grouped_path();
-  if (format == MoeFormat::FP8 && path != MoeGroupedPath::MmaSync &&
-      (path == MoeGroupedPath::Wgmma || moe_grouped_sm90a_supported()))
-    return moe_grouped_sm90a_fp8(a, stream);
+  if (path == MoeGroupedPath::Wgmma || (path == MoeGroupedPath::Auto && moe_grouped_sm90a_supported()))
+    return moe_grouped_sm90a_launch(format, a, stream);
   switch (format) {
     case MoeFormat::BF16: return launch_format<MoeFormat::BF16>(a, stream);
     case MoeFormat::FP8: return launch_format<MoeFormat::FP8>(a, stream);

@@ -10,7 +10,9 @@
 //     readable (MoeExpertTable::all_vec);
 //   - the plan's row tiles (moe::kBM) divide kMoeGroupedTcRows, and a chunk has at most
 //     kMoeGroupedTcMaxTiles of them.
-// Any number of pairs per expert; output columns past the end are predicated.
+// Any number of pairs per expert; output columns past the end are predicated. On a compute capability
+// 9.0 device the launch runs the wgmma kernel instead (gpu_moe_grouped_sm90a.h): same tiles, values
+// and constraint.
 #pragma once
 
 #include <cstdint>
