@@ -618,11 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_sm90a_kernel(MlaDecode
 
 bool mla_decode_sm90a_supported(int num_heads, int kv_lora_rank, int rope_dim) {
   if (num_heads <= 0 || num_heads % kHeads != 0 || kv_lora_rank != kRank || rope_dim != kRope) return false;
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-  return major == 9 && minor == 0;
+  return wgmma::sm90a_device_fits(kSmemBytes);
 }
 
 void mla_decode_sm90a_attention(const MlaDecodeTcArgs& args, int num_splits, int q_vec, Stream stream) {

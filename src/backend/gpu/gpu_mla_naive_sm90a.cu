@@ -465,13 +465,7 @@ CUtensorMap make_kv_map(const uint16_t* base, int cols, int64_t n, int heads) {
 
 bool naive_sm90a_supported(int dqk, int dv) {
   if (dqk != kDqk || dv != kDv) return false;
-  int dev = 0, major = 0, minor = 0, smem_optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return false;
-  // sm_90a machine code runs on compute capability 9.0 exactly.
-  return major == 9 && minor == 0 && kSmemAlloc <= size_t(smem_optin) && tensor_map_encoder() != nullptr;
+  return wgmma::sm90a_device_fits(kSmemAlloc) && tensor_map_encoder() != nullptr;
 }
 
 // Preconditions (naive_tc_chunk checks them): d_qk 192, d_v 128, scale > 0, k / v 16-byte aligned,

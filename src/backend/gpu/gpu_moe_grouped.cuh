@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "backend/gpu/gpu_device.cuh"
+#include "backend/gpu/gpu_moe_state.h"
 
 #if MLA_GPU_CUDA
 #include "backend/gpu/gpu_decode_tc.cuh"
@@ -59,6 +60,33 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // gate rows n0 + r, 64..127 up rows n0 + r - 64; down rows are n0 + r.
 template <bool kGateUp> __device__ __forceinline__ int64_t b_row(int64_t n0, int r) {
   return kGateUp ? n0 + (r & 63) : n0 + r;
+}
+
+// What one CTA of a grouped launch (grid: column tiles x plan row tiles) computes: sorted pairs
+// [m0, m0 + m_rows) of one expert (m_rows <= kBM) against output columns from n0 of weights w0, w1
+// (gate and up, or down twice).
+struct GroupedCta {
+  int m0 = 0, m_rows = 0;
+  int64_t n0 = 0;
+  DeviceWeight w0, w1;
+};
+// Fills `c` for this CTA; false when it has nothing to do: plan tile blockIdx.y past the plan's
+// count, or not the first plan tile of a kBM-row group of its expert's segment (the group's first
+// tile covers it). Uniform per CTA: call before any barrier.
+template <bool kGateUp, int kBM, int kNMat>
+__device__ __forceinline__ bool grouped_cta(const DeviceExpert* table, const moe::Plan& plan, GroupedCta& c) {
+  const int tile = int(blockIdx.y);
+  if (tile >= plan.counters[1]) return false;
+  const int e = plan.tile_expert[tile];
+  const int seg_begin = plan.offsets[e], seg_end = plan.offsets[e + 1];
+  c.m0 = plan.tile_start[tile];
+  if ((c.m0 - seg_begin) % kBM != 0) return false;
+  c.m_rows = min(kBM, seg_end - c.m0);
+  c.n0 = int64_t(blockIdx.x) * kNMat;
+  const DeviceExpert& ex = table[e];
+  c.w0 = kGateUp ? ex.gate : ex.down;
+  c.w1 = kGateUp ? ex.up : ex.down;
+  return true;
 }
 
 // silu(g) u, the gate/up epilogue (the CPU reference's formula).

@@ -97,16 +97,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   using Smem = Sm90aSmem<F>;
   constexpr bool kFp8 = F == MoeFormat::FP8, kInt4 = F == MoeFormat::I4_BF16, kConv = Smem::kConv;
   constexpr int kNMat = kGateUp ? kBN / 2 : kBN;  // output columns per matrix
-  const int tile = int(blockIdx.y);
-  if (tile >= plan.counters[1]) return;  // uniform per CTA: before any barrier
-  const int e = plan.tile_expert[tile];
-  const int seg_begin = plan.offsets[e], seg_end = plan.offsets[e + 1], m0 = plan.tile_start[tile];
-  if ((m0 - seg_begin) % kBM != 0) return;  // covered by the CTA of the group's first plan tile
-  const int m_rows = min(kBM, seg_end - m0);
-  const int64_t n0 = int64_t(blockIdx.x) * kNMat;
-  const DeviceExpert& ex = table[e];
-  const DeviceWeight w0 = kGateUp ? ex.gate : ex.down;
-  const DeviceWeight w1 = kGateUp ? ex.up : ex.down;
+  moe_grouped::GroupedCta cta;
+  if (!moe_grouped::grouped_cta<kGateUp, kBM, kNMat>(table, plan, cta)) return;  // before any barrier
+  const int m0 = cta.m0, m_rows = cta.m_rows;
+  const int64_t n0 = cta.n0;
+  const DeviceWeight w0 = cta.w0, w1 = cta.w1;
 
   extern __shared__ __align__(1024) unsigned char smem_dyn[];
   unsigned char* smem = smem_dyn + ((1024 - (smem_addr(smem_dyn) & 1023)) & 1023);
@@ -343,15 +338,7 @@ constexpr size_t kMaxAlloc = std::max({Sm90aSmem<MoeFormat::BF16>::kAlloc, Sm90a
 
 }  // namespace
 
-bool moe_grouped_sm90a_supported() {
-  int dev = 0, major = 0, minor = 0, smem_optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return false;
-  // sm_90a machine code runs on compute capability 9.0 exactly.
-  return major == 9 && minor == 0 && kMaxAlloc <= size_t(smem_optin);
-}
+bool moe_grouped_sm90a_supported() { return wgmma::sm90a_device_fits(kMaxAlloc); }
 
 void moe_grouped_sm90a_launch(MoeFormat format, const MoeGroupedTcArgs& a, Stream stream) {
   MLA_CHECK(moe_grouped_sm90a_supported(), "moe_grouped_sm90a: the wgmma kernel needs a compute capability 9.0 device");

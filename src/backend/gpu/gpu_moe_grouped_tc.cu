@@ -116,16 +116,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int kStages = Smem::kStages;
   constexpr bool kFp8 = F == MoeFormat::FP8, kInt4 = F == MoeFormat::I4_BF16, kConv = Smem::kConv;
   constexpr int kNMat = kGateUp ? kBN / 2 : kBN;  // output columns per matrix
-  const int tile = int(blockIdx.y);
-  if (tile >= plan.counters[1]) return;  // uniform per CTA: before any barrier
-  const int e = plan.tile_expert[tile];
-  const int seg_begin = plan.offsets[e], seg_end = plan.offsets[e + 1], m0 = plan.tile_start[tile];
-  if ((m0 - seg_begin) % kBM != 0) return;  // covered by the CTA of the group's first plan tile
-  const int m_rows = min(kBM, seg_end - m0);
-  const int64_t n0 = int64_t(blockIdx.x) * kNMat;
-  const DeviceExpert& ex = table[e];
-  const DeviceWeight w0 = kGateUp ? ex.gate : ex.down;
-  const DeviceWeight w1 = kGateUp ? ex.up : ex.down;
+  moe_grouped::GroupedCta cta;
+  if (!moe_grouped::grouped_cta<kGateUp, kBM, kNMat>(table, plan, cta)) return;  // before any barrier
+  const int m0 = cta.m0, m_rows = cta.m_rows;
+  const int64_t n0 = cta.n0;
+  const DeviceWeight w0 = cta.w0, w1 = cta.w1;
 
   extern __shared__ __align__(16) unsigned char tc_smem[];
   // [m][kLd] bf16 A stage, [n][kLd] bf16 B tile (BF16 ring slot or converted buffer), raw stage.

@@ -4,6 +4,7 @@
 // while a wgmma is in flight. Ordering (fence, commit, wait) and barriers are gpu_mma.cuh's.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/gpu/gpu.h"
@@ -66,6 +67,17 @@ __device__ __forceinline__ void mma_m64n128k16_ss(float (&d)[64], uint64_t desc_
 template <int R> __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// Host: whether the current device runs sm_90a machine code (compute capability 9.0 exactly) and
+// lets a CTA opt in to `smem_bytes` of dynamic shared memory. Each *_sm90a.cu's dispatch asks this.
+inline bool sm90a_device_fits(size_t smem_bytes) {
+  int dev = 0, major = 0, minor = 0, smem_optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return false;
+  return major == 9 && minor == 0 && smem_bytes <= size_t(smem_optin);
 }
 
 }  // namespace mla::gpu::wgmma
