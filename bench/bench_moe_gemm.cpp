@@ -283,7 +283,8 @@ void bench_moe_prefill(Report& report, const Ceilings& c, const BenchOptions& o)
         });
         gpu::set_moe_grouped_path(gpu::MoeGroupedPath::Auto);
         const bool forced = path == gpu::MoeGroupedPath::MmaSync;
-        const char* kernel = !k.bf16 ? "fp32 grouped" : forced || !gpu::moe_grouped_sm90a_supported() ? "mma.sync" : "wgmma";
+        const bool wgmma = k.bf16 && !forced && gpu::moe_grouped_sm90a_supported();
+        const char* kernel = !k.bf16 ? "fp32 grouped" : wgmma ? "wgmma" : "mma.sync";
         const double flops = 2.0 * k.tokens * top_k * 3.0 * double(hidden) * double(inter);
         report.add({"moe_prefill",
                     fmt::format("{} experts FP8 top-{}, {} tokens, 7168x2048, GemmPrecision::{} [{}]", num_experts,

@@ -339,7 +339,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < kDqk / 16; ++ks)
       mma_m64n128k16_ss(s, desc_add(dq, ks * 256),
-               make_desc_sw128(k_tile + uint32_t(ks / 4) * kBoxBytes + uint32_t(ks % 4) * 32, 16, kSwRowGroup), ks > 0);
+                        make_desc_sw128(k_tile + uint32_t(ks / 4) * kBoxBytes + uint32_t(ks % 4) * 32, 16, kSwRowGroup),
+                        ks > 0);
     wgmma_commit();
     named_barrier_arrive_if<kMathThreads>(hand_over, 2 - uint32_t(wg));
     wgmma_wait_all();

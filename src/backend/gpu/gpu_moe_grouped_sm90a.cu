@@ -209,7 +209,8 @@ __global__ void __launch_bounds__(kThreads, 2)
           const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
           for (int w = 0; w < 4; ++w)  // word w = elements 8w .. 8w + 7 of the group
-            *reinterpret_cast<uint4*>(bt + wgmma::sw128_off(r, 4 * b_chunk + w)) = moe_grouped::int4x8_to_bf16(words[w], s2);
+            *reinterpret_cast<uint4*>(bt + wgmma::sw128_off(r, 4 * b_chunk + w)) =
+                moe_grouped::int4x8_to_bf16(words[w], s2);
         }
       }
     }
