@@ -214,40 +214,49 @@ void bench_moe_decode(Report& report, const Ceilings& c, const BenchOptions& o) 
   report.print("moe_decode");
 }
 
-// MoE prefill (moe_experts' grouped path): T tokens x top-8 of 256 DeepSeek-V3 experts (FP8, 7168 x
-// 2048), Bf16 precision (the tensor-core grouped kernel, gpu_moe_grouped_tc.h) and, at 1024 tokens,
-// the exact fp32 grouped kernel (Fp32 mode) for reference. FLOPs = 2 x T x 8 x 3 x 7168 x 2048 (the
-// routed pairs only; padding of partial 64-pair tiles is not counted). Napkin: T 4096 = 2.89 TFLOP
-// (9.6 ms at 300 TFLOP/s) over 11.3 GB of weights (2.6 ms at 4.3 TB/s): compute-bound; T 1024 (~32
-// pairs per expert) reads the same 11.3 GB for a quarter of the FLOPs: weight-bound near 280 TFLOP/s.
+// MoE prefill (moe_experts' grouped path): T tokens x top-8 of 256 DeepSeek-V3-shaped experts (7168 x
+// 2048) in FP8 and in INT4 (Kimi K2 Thinking's format: group 32, bf16 scales), Bf16 precision (the
+// tensor-core grouped kernel, gpu_moe_grouped_tc.h; on Hopper also the mma.sync kernel forced) and,
+// FP8 at 1024 tokens, the exact fp32 grouped kernel (Fp32 mode) for reference. FLOPs = 2 x T x 8 x 3
+// x 7168 x 2048 (the routed pairs only; padding of partial 64-pair tiles is not counted). Napkin (FP8):
+// T 4096 = 2.89 TFLOP (9.6 ms at 300 TFLOP/s) over 11.3 GB of weights (2.6 ms at 4.3 TB/s):
+// compute-bound; T 1024 (~32 pairs per expert) reads the same 11.3 GB for a quarter of the FLOPs:
+// weight-bound near 280 TFLOP/s. INT4 reads half the bytes and converts with ~2.3 instructions a code.
 // Includes routing plan, x -> bf16 prep and combine (the whole op as the model calls it).
 void bench_moe_prefill(Report& report, const Ceilings& c, const BenchOptions& o) {
   const int num_experts = o.quick ? 32 : 256, hidden = 7168, inter = 2048, top_k = 8;
   struct Case {
+    BenchWeight kind;
     int tokens;
     bool bf16;
   };
-  std::vector<Case> cases = {{1024, true}, {4096, true}, {1024, false}};
-  if (o.quick) cases = {{1024, true}};
-  for (const bool bf16 : {true, false}) {
+  std::vector<Case> cases = {{BenchWeight::FP8, 1024, true},
+                             {BenchWeight::FP8, 4096, true},
+                             {BenchWeight::FP8, 1024, false},
+                             {BenchWeight::INT4, 1024, true},
+                             {BenchWeight::INT4, 4096, true}};
+  if (o.quick) cases = {{BenchWeight::FP8, 1024, true}};
+  // One expert set (and backend) alive at a time: FP8 is 11.3 GB, INT4 5.7 GB.
+  for (const auto& [kind, bf16] : {std::pair{BenchWeight::FP8, true}, std::pair{BenchWeight::FP8, false},
+                                   std::pair{BenchWeight::INT4, true}}) {
     bool any = false;
-    for (const Case& k : cases) any = any || k.bf16 == bf16;
+    for (const Case& k : cases) any = any || (k.kind == kind && k.bf16 == bf16);
     if (!any) continue;
     auto be = make_bench_backend(bf16);
     const gpu::Stream s = backend_stream(*be);
     std::vector<ops::ExpertWeights> experts(static_cast<size_t>(num_experts));
     HostWeight hw;
     for (int e = 0; e < num_experts; ++e) {
-      make_host_weight(hw, BenchWeight::FP8, inter, hidden, 9000 + uint64_t(e) * 3 + 0);
+      make_host_weight(hw, kind, inter, hidden, 9000 + uint64_t(e) * 3 + 0);
       experts[size_t(e)].gate_proj = place(*be, hw);
-      make_host_weight(hw, BenchWeight::FP8, inter, hidden, 9000 + uint64_t(e) * 3 + 1);
+      make_host_weight(hw, kind, inter, hidden, 9000 + uint64_t(e) * 3 + 1);
       experts[size_t(e)].up_proj = place(*be, hw);
-      make_host_weight(hw, BenchWeight::FP8, hidden, inter, 9000 + uint64_t(e) * 3 + 2);
+      make_host_weight(hw, kind, hidden, inter, 9000 + uint64_t(e) * 3 + 2);
       experts[size_t(e)].down_proj = place(*be, hw);
     }
     std::mt19937 rng(23);
     for (const Case& k : cases) {
-      if (k.bf16 != bf16) continue;
+      if (k.kind != kind || k.bf16 != bf16) continue;
       std::vector<int32_t> h_ids;
       std::vector<float> h_w;
       std::vector<int32_t> all(static_cast<size_t>(num_experts));
@@ -287,13 +296,15 @@ void bench_moe_prefill(Report& report, const Ceilings& c, const BenchOptions& o)
         const char* kernel = !k.bf16 ? "fp32 grouped" : wgmma ? "wgmma" : "mma.sync";
         const double flops = 2.0 * k.tokens * top_k * 3.0 * double(hidden) * double(inter);
         report.add({"moe_prefill",
-                    fmt::format("{} experts FP8 top-{}, {} tokens, 7168x2048, GemmPrecision::{} [{}]", num_experts,
-                                top_k, k.tokens, bf16 ? "Bf16" : "Fp32", kernel),
+                    fmt::format("{} experts {} top-{}, {} tokens, 7168x2048, GemmPrecision::{} [{}]", num_experts,
+                                kind == BenchWeight::FP8 ? "FP8" : "INT4", top_k, k.tokens, bf16 ? "Bf16" : "Fp32",
+                                kernel),
                     tm.median_ms, flops / (tm.median_ms * 1e-3) / 1e12, "TFLOP/s", c.bf16_tflops, "bf16 GEMM",
-                    bf16 && k.tokens >= 4096 && !forced ? 0.38 : 0,
+                    kind == BenchWeight::FP8 && bf16 && k.tokens >= 4096 && !forced ? 0.38 : 0,
                     fmt::format("{:.0f} pairs/expert avg; plan + prep + combine included",
                                 double(k.tokens) * top_k / num_experts),
-                    fmt::format("fp8 t{} {}{}", k.tokens, bf16 ? "bf16" : "fp32", forced ? " mma.sync" : "")});
+                    fmt::format("{} t{} {}{}", bench_weight_name(kind), k.tokens, bf16 ? "bf16" : "fp32",
+                                forced ? " mma.sync" : "")});
       }
     }
   }
