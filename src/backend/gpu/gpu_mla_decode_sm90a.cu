@@ -110,14 +110,9 @@ __device__ __forceinline__ uint32_t sw128(int row, int chunk) {
   return uint32_t((chunk >> 3) * kBlockBytes + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
-// wgmma shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): bits 0-13 start
-// address >> 4, 16-29 leading-dimension byte offset >> 4, 32-45 stride-dimension byte offset >> 4,
-// 49-51 base offset (0: every swizzle pattern starts 1024-aligned), 62-63 swizzle mode (1 = 128B).
-__device__ __forceinline__ uint64_t make_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
-         (uint64_t(1) << 62);
-}
+// Swizzled wgmma descriptors and their start-address advance: gpu_wgmma.cuh.
 using wgmma::desc_add;
+using wgmma::desc_sw128;
 
 // ---- wgmma PTX wrappers (local to this file) ---------------------------------------------------------
 // Accumulator fragment of m64nNk16 f32 (per warpgroup; w = warp % 4, g = lane / 4, t = lane % 4):
@@ -331,7 +326,7 @@ __device__ __forceinline__ void rescale(float (&o)[kColsPerWg / 2], const float 
 // compiler keeps all 36 Q descriptors (72 registers) live across the tile loop and spills.
 __device__ __forceinline__ void issue_s(float (&s)[32], uint32_t q_s, uint32_t kt, uint32_t full_b, uint32_t parity) {
   asm volatile("" : "+r"(q_s), "+r"(kt));
-  const uint64_t dq = make_desc(q_s, 16, 1024), dk = make_desc(kt, 16, 1024);
+  const uint64_t dq = desc_sw128(q_s, 16, 1024), dk = desc_sw128(kt, 16, 1024);
   auto step = [&](int ks) {
     const uint32_t koff = uint32_t((ks / 4) * kBlockBytes + (ks % 4) * 32);
     wgmma_m64n64k16(s, desc_add(dq, koff), desc_add(dk, koff), ks > 0);
@@ -351,8 +346,8 @@ __device__ __forceinline__ void issue_s(float (&s)[32], uint32_t q_s, uint32_t k
 // block 4 wg on (LBO 8192 to the next 64 columns), keys 16 ks.. at byte 2048 ks. One commit group.
 __device__ __forceinline__ void issue_pv(float (&o)[kColsPerWg / 2], uint32_t p_s, uint32_t kt, int wg) {
   asm volatile("" : "+r"(p_s), "+r"(kt));
-  const uint64_t dp = make_desc(p_s, 16, 1024);
-  const uint64_t dv = make_desc(kt + uint32_t(wg * 4 * kBlockBytes), kBlockBytes, 1024);
+  const uint64_t dp = desc_sw128(p_s, 16, 1024);
+  const uint64_t dv = desc_sw128(kt + uint32_t(wg * 4 * kBlockBytes), kBlockBytes, 1024);
 #pragma unroll
   for (int ks = 0; ks < kKeys / 16; ++ks) wgmma_m64n256k16<1>(o, desc_add(dp, ks * 32), desc_add(dv, ks * 16 * 128), 1);
   wgmma_commit();

@@ -125,13 +125,9 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint3
   return uint64_t((addr >> 4) & 0x3fff) | (uint64_t((lbo >> 4) & 0x3fff) << 16) |
          (uint64_t((sbo >> 4) & 0x3fff) << 32);  // base offset 0, swizzle mode 0
 }
-// Descriptor of a 128-byte-swizzled tile (base offset 0: the tile base is 1024-byte aligned).
-__device__ __forceinline__ uint64_t make_desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return make_desc(addr, lbo, sbo) | (uint64_t(1) << 62);
-}
-// Start-address advance by `bytes` (multiple of 16): the field is the low 14 bits and addresses stay
-// below 2^18 B, so plain addition never carries out of it.
-__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) { return d + uint64_t(bytes >> 4); }
+// 128-byte-swizzled descriptors and the start-address advance: gpu_wgmma.cuh.
+using wgmma::desc_add;
+using wgmma::desc_sw128;
 
 // ---- bulk tensor copy (PTX ISA 8.0, sm_90; the mbarriers are gpu_mma.cuh's) ----------------------
 // Thread with p: copy box (c0, c1, c2) of the 3-D tensor map into shared `dst`, completing on `bar`.
@@ -318,7 +314,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_wait(full_sa + 8 * uint32_t(buf), uint32_t(tile >> 1) & 1u);  // K / V (tile) landed
     const bool active = tile < wg_tiles;  // warpgroup-uniform: some row of the warpgroup sees these keys
     const uint32_t k_tile = k_sa + uint32_t(buf) * kKBytes;
-    const uint64_t dv = make_desc_sw128(v_sa + uint32_t(buf) * kVBytes, kBoxBytes, kSwRowGroup);
+    const uint64_t dv = desc_sw128(v_sa + uint32_t(buf) * kVBytes, kBoxBytes, kSwRowGroup);
 
     // S[64 x 128] = Q K^T over d_qk: 12 k-steps of 16 dims (Q: 2 core-matrix units = 256 B; K: 32 B
     // within box ks / 4).
@@ -339,7 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < kDqk / 16; ++ks)
       mma_m64n128k16_ss(s, desc_add(dq, ks * 256),
-                        make_desc_sw128(k_tile + uint32_t(ks / 4) * kBoxBytes + uint32_t(ks % 4) * 32, 16, kSwRowGroup),
+                        desc_sw128(k_tile + uint32_t(ks / 4) * kBoxBytes + uint32_t(ks % 4) * 32, 16, kSwRowGroup),
                         ks > 0);
     wgmma_commit();
     named_barrier_arrive_if<kMathThreads>(hand_over, 2 - uint32_t(wg));

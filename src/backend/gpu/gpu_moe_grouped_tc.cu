@@ -14,7 +14,6 @@
 #include "core/status.h"
 
 #if MLA_GPU_CUDA
-#include "backend/gpu/gpu_decode_tc.cuh"
 #include "backend/gpu/gpu_mma.cuh"
 #include "backend/gpu/gpu_moe_grouped.cuh"
 #include "backend/gpu/gpu_moe_grouped_sm90a.h"

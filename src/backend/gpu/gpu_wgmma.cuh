@@ -12,15 +12,15 @@
 #if MLA_GPU_CUDA
 namespace mla::gpu::wgmma {
 
-// Descriptor (PTX ISA "Matrix Descriptor Format") of a K-major operand whose rows are 128 bytes (64
-// bf16) with 16-byte chunk c of row r stored at chunk c ^ (r % 8), i.e. the 128-byte swizzle. Bits
-// 0-13 start address >> 4, 16-29 leading byte offset >> 4 (unused by K-major swizzled operands: 16),
-// 32-45 stride byte offset >> 4 (`sbo`: 1024, eight 128-byte rows), 49-51 base offset 0 (the
-// pattern's 1024-byte period starts at a 1024-aligned address: callers align tile bases), 62-63
-// swizzle mode 1 (128B). A k16 slice at element k0 (a multiple of 16) of the row starts at byte
-// 2 k0: desc_add(desc, 2 * k0).
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t sbo = 1024) {
-  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
+// Descriptor (PTX ISA "Matrix Descriptor Format") of an operand stored in 128-byte rows (64 bf16)
+// with 16-byte chunk c of row r at chunk c ^ (r % 8), i.e. the 128-byte swizzle. Bits 0-13 start
+// address >> 4; 16-29 leading byte offset >> 4 (`lbo`: unused by K-major operands, 16; for an
+// MN-major one the distance between its 64-element column boxes); 32-45 stride byte offset >> 4
+// (`sbo`: 1024, eight 128-byte rows); 49-51 base offset 0 (the pattern's 1024-byte period starts at
+// a 1024-aligned address: callers align tile bases); 62-63 swizzle mode 1 (128B). A K-major k16
+// slice at element k0 (a multiple of 16) of the row starts at byte 2 k0: desc_add(desc, 2 * k0).
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t saddr, uint32_t lbo = 16, uint32_t sbo = 1024) {
+  return uint64_t((saddr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) |
          (uint64_t(1) << 62);
 }
 // Start-address advance by `bytes` (a multiple of 16): the field is the low 14 bits and shared
